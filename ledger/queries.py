@@ -1,0 +1,213 @@
+"""Read-only reports over a ledger: stats, drops, one rollout's record.
+
+Definitions (DESIGN.md section 4), used by every report:
+- expected = rollout rows of the job (each was written as `planned` before dispatch);
+- consumed / discarded / dropped = terminal rows by class;
+- drop_rate = dropped / expected (0 when nothing is expected);
+- lost = rows with no terminal state once the job has ended (while it runs they count as
+  `in_flight`, and lost is 0 by definition).
+Reports never write, and on a database with no ledger schema they report zeros.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+
+from rlsys.ledger.errors import UnknownRollout
+from rlsys.ledger.models import Rollout, RolloutEvent, RolloutTransition
+from rlsys.ledger.store import JOB_RUNNING, Ledger
+from rlsys.types import TERMINAL_CLASS, RolloutState, TerminalClass
+
+DropsBy = Literal["reason", "length", "turns"]
+LENGTH_BUCKETS = (0, 256, 1024, 4096, 16384, 65536)
+TURN_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
+
+
+def _resolve_job(ledger: Ledger, job_id: str | None) -> str | None:
+    if job_id is not None:
+        ledger.get_job(job_id)  # raises UnknownJob
+        return job_id
+    return ledger.latest_job_id()
+
+
+def stats(ledger: Ledger, job_id: str | None = None) -> dict[str, Any]:
+    """The accounting of one job (the latest when `job_id` is None)."""
+    empty: dict[str, Any] = {
+        "job_id": None,
+        "job_status": None,
+        "expected": 0,
+        "in_flight": 0,
+        "terminal": {s.value: 0 for s in TERMINAL_CLASS},
+        "consumed": 0,
+        "discarded": 0,
+        "dropped": 0,
+        "lost": 0,
+        "drop_rate": 0.0,
+        "retries": 0,
+    }
+    if not ledger.has_schema():
+        if job_id is not None:
+            ledger_job_missing(job_id)
+        return empty
+    job_id = _resolve_job(ledger, job_id)
+    if job_id is None:
+        return empty
+    job = ledger.get_job(job_id)
+    with ledger.engine.connect() as conn:
+        counts = dict(
+            conn.execute(
+                select(Rollout.state, func.count())
+                .where(Rollout.job_id == job_id)
+                .group_by(Rollout.state)
+            ).all()
+        )
+        retries = conn.execute(
+            select(func.count()).where(Rollout.job_id == job_id, Rollout.retry_of.is_not(None))
+        ).scalar_one()
+    out = dict(empty, job_id=job_id, job_status=job["status"], retries=retries)
+    out["expected"] = sum(counts.values())
+    by_class: Counter[str] = Counter()
+    for state, cls in TERMINAL_CLASS.items():
+        n = counts.get(state.value, 0)
+        out["terminal"][state.value] = n
+        by_class[cls.value] += n
+    live = out["expected"] - sum(by_class.values())
+    running = job["status"] == JOB_RUNNING
+    out["in_flight"] = live if running else 0
+    out["lost"] = 0 if running else live
+    for cls in TerminalClass:
+        out[cls.value] = by_class[cls.value]
+    out["drop_rate"] = out["dropped"] / out["expected"] if out["expected"] else 0.0
+    return out
+
+
+def ledger_job_missing(job_id: str) -> None:
+    from rlsys.ledger.errors import UnknownJob
+
+    raise UnknownJob(f"unknown job {job_id!r}: this database holds no rlsys ledger yet")
+
+
+def _bucket(value: int, edges: tuple[int, ...]) -> str:
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        if value < hi:
+            return f"{lo}-{hi - 1}"
+    return f"{edges[-1]}+"
+
+
+def drops(ledger: Ledger, job_id: str | None = None, by: DropsBy = "reason") -> dict[str, Any]:
+    """Dropped rollouts sliced by reason (terminal state), completion length or turns.
+
+    Length and turn slices show expected and dropped per bucket, so a report makes visible
+    when drops concentrate in the longest rollouts.
+    """
+    if by not in ("reason", "length", "turns"):
+        raise ValueError(f"--by must be reason, length or turns, got {by!r}")
+    base = stats(ledger, job_id)
+    out: dict[str, Any] = {
+        "job_id": base["job_id"],
+        "by": by,
+        "expected": base["expected"],
+        "dropped": base["dropped"],
+        "drop_rate": base["drop_rate"],
+        "rows": [],
+    }
+    if base["job_id"] is None:
+        return out
+    dropped_states = [s.value for s, c in TERMINAL_CLASS.items() if c is TerminalClass.DROPPED]
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(Rollout.state, Rollout.completion_tokens, Rollout.turns, Rollout.reason).where(
+                Rollout.job_id == base["job_id"]
+            )
+        ).all()
+    expected_n = len(rows)
+    if by == "reason":
+        per_state: Counter[str] = Counter()
+        example: dict[str, str] = {}
+        for state, _tok, _turns, reason in rows:
+            if state in dropped_states:
+                per_state[state] += 1
+                if reason and state not in example:
+                    example[state] = reason[:120]
+        out["rows"] = [
+            {
+                "reason": s,
+                "dropped": n,
+                "share_of_expected": n / expected_n,
+                "example": example.get(s),
+            }
+            for s, n in per_state.most_common()
+        ]
+        return out
+    edges, col = (LENGTH_BUCKETS, 1) if by == "length" else (TURN_BUCKETS, 2)
+    exp: Counter[str] = Counter()
+    drp: Counter[str] = Counter()
+    for row in rows:
+        key = _bucket(int(row[col] or 0), edges)
+        exp[key] += 1
+        drp[key] += row[0] in dropped_states
+    order = [_bucket(e, edges) for e in edges]
+    out["rows"] = [
+        {"bucket": k, "expected": exp[k], "dropped": drp[k], "drop_rate": drp[k] / exp[k]}
+        for k in order
+        if exp[k]
+    ]
+    return out
+
+
+def show(ledger: Ledger, rollout_id: str) -> dict[str, Any]:
+    """One rollout: its row, its state history and its event record, in order."""
+    if not ledger.has_schema():
+        raise UnknownRollout(f"unknown rollout {rollout_id!r}: this database holds no rlsys ledger")
+    with ledger.engine.connect() as conn:
+        row = (
+            conn.execute(select(Rollout.__table__).where(Rollout.id == rollout_id))
+            .mappings()
+            .first()
+        )
+        if row is None:
+            raise UnknownRollout(f"unknown rollout {rollout_id!r} in this ledger")
+        history = (
+            conn.execute(
+                select(
+                    RolloutTransition.seq,
+                    RolloutTransition.from_state,
+                    RolloutTransition.to_state,
+                    RolloutTransition.at,
+                    RolloutTransition.reason,
+                )
+                .where(RolloutTransition.rollout_id == rollout_id)
+                .order_by(RolloutTransition.seq)
+            )
+            .mappings()
+            .all()
+        )
+        events = (
+            conn.execute(
+                select(
+                    RolloutEvent.kind,
+                    RolloutEvent.turn,
+                    RolloutEvent.at,
+                    RolloutEvent.tokens,
+                    RolloutEvent.data,
+                )
+                .where(RolloutEvent.rollout_id == rollout_id)
+                .order_by(RolloutEvent.at, RolloutEvent.id)
+            )
+            .mappings()
+            .all()
+        )
+        retried_as = (
+            conn.execute(select(Rollout.id).where(Rollout.retry_of == rollout_id)).scalars().all()
+        )
+    state = RolloutState(row["state"])
+    return {
+        "rollout": dict(row),
+        "terminal_class": TERMINAL_CLASS[state].value if state in TERMINAL_CLASS else None,
+        "retried_as": list(retried_as),
+        "history": [dict(h) for h in history],
+        "events": [dict(e) for e in events],
+    }

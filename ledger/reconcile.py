@@ -1,0 +1,111 @@
+"""Reconciliation: naming a terminal state for every rollout nobody will finish.
+
+Two rules, each one transaction:
+- `reconcile_leases`: a live rollout whose owner stopped renewing its lease (or never had
+  one on record) is ended as `failed_worker_lost`; optionally a retry row is planned,
+  linked both ways (`retry_of` on the new row, events on both).
+- `finish_job`: when a job ends, every rollout still live is named: `cancelled` when the job
+  was stopped, `failed_worker_lost` when its owner's lease has lapsed, `cancelled` with a
+  reason otherwise. After it, `lost` is 0 for that job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, select, update
+
+from rlsys.ledger.apply import apply_batch
+from rlsys.ledger.models import Job, Owner, Rollout
+from rlsys.ledger.records import Event, PlannedRollout, Transition, new_id
+from rlsys.ledger.retry import run_write
+from rlsys.ledger.store import JOB_END_STATUSES, Ledger, insert_planned
+from rlsys.types import NON_TERMINAL_STATES, RolloutState
+
+_LIVE = sorted(s.value for s in NON_TERMINAL_STATES)
+
+
+@dataclass
+class ReconcileResult:
+    """Rollouts ended as lost, and the retry rows planned for them (old id -> new id)."""
+
+    lost: list[str] = field(default_factory=list)
+    retries: dict[str, str] = field(default_factory=dict)
+
+
+def _expired_owner_rows(conn: Connection, job_id: str, now: float) -> list[tuple]:
+    live_owner = select(Owner.id).where(Owner.expires_at >= now)
+    query = (
+        select(Rollout.id, Rollout.owner, Rollout.group_id, Rollout.task_id, Rollout.attempt)
+        .where(
+            Rollout.job_id == job_id,
+            Rollout.state.in_(_LIVE),
+            Rollout.owner.is_not(None),
+            Rollout.owner.not_in(live_owner),
+        )
+        .order_by(Rollout.id)
+    )
+    return list(conn.execute(query))
+
+
+def reconcile_leases(
+    ledger: Ledger, job_id: str, *, retry: bool = False, max_attempts: int = 2
+) -> ReconcileResult:
+    """End rollouts of lapsed owners as `failed_worker_lost`; plan linked retries if asked."""
+
+    def work(conn: Connection, retrying: bool) -> ReconcileResult:
+        now = time.time()
+        result = ReconcileResult()
+        rows = _expired_owner_rows(conn, job_id, now)
+        transitions, events, retries = [], [], []
+        for rid, owner, group_id, task_id, attempt in rows:
+            transitions.append(
+                Transition(
+                    rid,
+                    RolloutState.FAILED_WORKER_LOST,
+                    reason=f"owner {owner} stopped renewing its lease",
+                )
+            )
+            result.lost.append(rid)
+            if retry and attempt + 1 < max_attempts:
+                new = PlannedRollout(group_id, task_id, attempt=attempt + 1, retry_of=rid)
+                retries.append(new)
+                result.retries[rid] = new.id
+                events.append(Event(rid, job_id, "retried_as", data={"rollout_id": new.id}))
+                events.append(Event(new.id, job_id, "retry_of", data={"rollout_id": rid}))
+        if retries:
+            insert_planned(conn, job_id, retries, now)
+        apply_batch(conn, transitions, events, on_conflict="raise", retrying=False)
+        return result
+
+    return run_write(ledger.engine, work, ledger.retry)
+
+
+def finish_job(ledger: Ledger, job_id: str, status: str) -> int:
+    """Mark the job ended and name a terminal state for every live rollout; returns how many."""
+    if status not in JOB_END_STATUSES:
+        raise ValueError(f"job end status must be one of {JOB_END_STATUSES}, got {status!r}")
+
+    def work(conn: Connection, _retrying: bool) -> int:
+        now = time.time()
+        lapsed = set(r[0] for r in _expired_owner_rows(conn, job_id, now))
+        live = conn.execute(
+            select(Rollout.id, Rollout.state)
+            .where(Rollout.job_id == job_id, Rollout.state.in_(_LIVE))
+            .order_by(Rollout.id)
+        ).all()
+        transitions = []
+        for rid, state in live:
+            if status == "stopped":
+                to, why = RolloutState.CANCELLED, f"job stopped while {state}"
+            elif rid in lapsed:
+                to, why = RolloutState.FAILED_WORKER_LOST, "owner lease lapsed before the job ended"
+            else:
+                to, why = RolloutState.CANCELLED, f"job ended ({status}) while {state}"
+            transitions.append(Transition(rid, to, reason=why, id=new_id("t")))
+        apply_batch(conn, transitions, (), on_conflict="raise", retrying=False)
+        conn.execute(update(Job).where(Job.id == job_id).values(status=status, ended_at=now))
+        return len(transitions)
+
+    return run_write(ledger.engine, work, ledger.retry)

@@ -1,0 +1,75 @@
+"""Shared fixtures: real databases (SQLite file, PostgreSQL) and service discovery.
+
+A PostgreSQL/Redis test skips when the server does not answer, unless
+RLSYS_REQUIRE_SERVICES=1 (set by .ci/run), where it fails instead: CI must never pass by
+skipping the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+PG_HOST, PG_PORT = os.environ.get("RLSYS_TEST_PG_HOST", "127.0.0.1"), 5432
+PG_ADMIN_URL = os.environ.get(
+    "RLSYS_TEST_PG_URL", f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/test"
+)
+REDIS_URL = os.environ.get("RLSYS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def service_answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (CI) when a service the test needs does not answer."""
+    if service_answers(host, port):
+        return
+    msg = f"{name} does not answer on {host}:{port}"
+    if os.environ.get("RLSYS_REQUIRE_SERVICES") == "1":
+        pytest.fail(msg + " (RLSYS_REQUIRE_SERVICES=1)")
+    pytest.skip(msg)
+
+
+@pytest.fixture
+def pg_database_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    require_service("PostgreSQL", PG_HOST, PG_PORT)
+    import sqlalchemy as sa
+
+    name = f"rlsys_t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """A ledger URL on each backend: a fresh SQLite file, a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return request.getfixturevalue("pg_database_url")
+
+
+@pytest.fixture
+def ledger(ledger_url: str):  # type: ignore[no-untyped-def]
+    from rlsys.ledger.store import Ledger
+
+    lg = Ledger.open(ledger_url)
+    yield lg
+    lg.close()

@@ -1,0 +1,126 @@
+"""The dependency rule of DESIGN.md section 2, enforced.
+
+Two checks: (1) a static scan of every import statement, so a forbidden import is caught
+even inside a function body; (2) each package imported in a fresh interpreter, asserting
+the forbidden modules are absent from `sys.modules` (catches transitive pulls).
+"""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+# source folder -> import name (DESIGN.md section 1)
+PACKAGES = {
+    "rlsys": "rlsys",
+    "actors": "rlsys.actors",
+    "ledger": "rlsys.ledger",
+    "sandboxes": "rlsys.sandboxes",
+    "kernels": "rlsys.kernels",
+}
+
+# Third-party module -> where it may be imported (path prefixes relative to the repo root).
+OWNERS = {
+    "ray": ("actors/", "rlsys/cli/"),
+    "sqlalchemy": ("ledger/",),
+    "alembic": ("ledger/",),
+    "redis": ("ledger/",),
+    "triton": ("kernels/",),
+    "docker": ("sandboxes/docker",),
+}
+
+# Import name -> modules that must not be loaded by importing it (and all its modules).
+FORBIDDEN_AT_IMPORT = {
+    "rlsys.types": {"torch", "ray", "sqlalchemy", "redis"},
+    "rlsys.config": {"torch", "ray", "sqlalchemy", "redis"},
+    "rlsys.cli.main": {"torch", "ray", "sqlalchemy", "redis", "pydantic"},
+    "rlsys.model": {"ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.kernels": {"ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.engine": {"ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.trainer": {"ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.algo": {"ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.ledger": {"torch", "ray", "docker"},
+    "rlsys.sandboxes": {"torch", "ray", "sqlalchemy", "redis"},
+}
+
+
+def _source_files():
+    for folder in PACKAGES:
+        yield from (ROOT / folder).rglob("*.py")
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_third_party_modules_are_imported_only_by_their_owning_layer():
+    offences = []
+    for path in _source_files():
+        rel = path.relative_to(ROOT).as_posix()
+        for module in _imported_roots(path) & set(OWNERS):
+            if not rel.startswith(OWNERS[module]):
+                offences.append(f"{rel} imports {module}")
+    assert offences == []
+
+
+def test_code_imports_rlsys_subpackages_never_bare_folder_names():
+    bare = {"ledger", "kernels", "actors", "sandboxes"}
+    offences = [
+        f"{p.relative_to(ROOT)} imports {m}"
+        for p in _source_files()
+        for m in _imported_roots(p) & bare
+    ]
+    assert offences == []
+
+
+def _modules_of(import_name: str) -> list[str]:
+    folder = next(
+        (f for f, n in PACKAGES.items() if import_name.startswith(n) and n != "rlsys"), None
+    )
+    if import_name.startswith("rlsys.cli") or import_name == "rlsys.types":
+        return [import_name]
+    if folder is None:
+        folder = import_name.replace(".", "/")
+        base, prefix = ROOT / folder, import_name
+    else:
+        base, prefix = ROOT / folder, PACKAGES[folder]
+    if not base.is_dir():
+        return [import_name]
+    mods = []
+    for path in sorted(base.rglob("*.py")):
+        rel = path.relative_to(base).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        if (
+            "migrations" in parts
+            or path.name == "__main__.py"
+            or rel.as_posix().startswith("docker")
+        ):
+            continue
+        mods.append(".".join([prefix, *parts]))
+    return mods
+
+
+@pytest.mark.parametrize("import_name", sorted(FORBIDDEN_AT_IMPORT))
+def test_package_import_pulls_in_no_forbidden_module(import_name):
+    modules = _modules_of(import_name)
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"print(json.dumps(sorted({sorted(FORBIDDEN_AT_IMPORT[import_name])!r} and "
+        f"set({sorted(FORBIDDEN_AT_IMPORT[import_name])!r}) & set(sys.modules))))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [], f"{import_name}: {modules}"
