@@ -126,6 +126,13 @@ def simulate_job(ledger: Ledger, *, groups: int = 32, group_size: int = 8, seed:
                 ends.append(Transition(rid, S.TRAINED, updates={"trained_version": version + 1}))
         ledger.apply(ends)
     time.sleep(0.1)  # let the dead worker's lease lapse
-    reconcile_leases(ledger, job_id, retry=True, max_attempts=2)
+    retried = reconcile_leases(ledger, job_id, retry=True, max_attempts=2).retries
+    # The retries run on a healthy worker; they are trained or fail like any rollout.
+    ledger.heartbeat("worker-0", job_id, lease_s=60)
+    for rid in retried.values():
+        ts, es, _reward, ok = _one_rollout(rng, rid, job_id, "worker-0", groups // 4)
+        if ok:
+            ts += [Transition(rid, S.BUFFERED), Transition(rid, S.TRAINED)]
+        ledger.apply(ts, es)
     finish_job(ledger, job_id, "completed")
     return job_id

@@ -162,11 +162,11 @@ def demo(db: str | None, groups: int, group_size: int, seed: int) -> None:
     finally:
         lg.close()
     print_table(
-        f"demo job {job_id}",
+        "demo job",
         ["key", "value"],
         [
             (k, out[k])
-            for k in ("expected", "consumed", "discarded", "dropped", "lost", "drop_rate")
+            for k in ("job_id", "expected", "consumed", "discarded", "dropped", "lost", "drop_rate")
         ],
     )
     print_table(

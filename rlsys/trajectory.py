@@ -1,0 +1,71 @@
+"""A finished rollout as the trainer consumes it: token ids exactly as the engine saw them.
+
+A trajectory is one or more segments. A segment is one context window: its tokens are the
+prompt followed by alternating policy turns (sampled by the engine) and observations
+(tool output, appended as ids). A compaction starts a new segment whose prompt is the
+policy's own resumable summary. Every policy token carries its behaviour log-prob, policy
+version, candidate set and routed experts; observation tokens carry none and are masked.
+
+Invariants: all per-token lists of a segment have the same length as `token_ids`;
+`policy_mask[i]` is True exactly for engine-sampled tokens; a turn's penalty applies only to
+the tokens of that turn (`turn_index[i] == turn`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Segment:
+    token_ids: list[int] = field(default_factory=list)
+    policy_mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # 0.0 where not a policy token
+    versions: list[int] = field(default_factory=list)  # -1 where not a policy token
+    turn_index: list[int] = field(default_factory=list)  # -1 for the initial prompt
+    candidate_ids: list[list[int] | None] = field(default_factory=list)
+    routed_experts: list[Any] = field(default_factory=list)  # per token; None if not policy
+
+    def append(
+        self,
+        ids: list[int],
+        *,
+        turn: int,
+        policy: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+        candidates: list[list[int]] | None = None,
+        routed: list[Any] | None = None,
+    ) -> None:
+        n = len(ids)
+        self.token_ids += ids
+        self.policy_mask += [policy] * n
+        self.logprobs += logprobs if policy and logprobs is not None else [0.0] * n
+        self.versions += versions if policy and versions is not None else [-1] * n
+        self.turn_index += [turn] * n
+        self.candidate_ids += candidates if policy and candidates is not None else [None] * n
+        self.routed_experts += routed if policy and routed is not None else [None] * n
+
+
+@dataclass
+class Trajectory:
+    rollout_id: str
+    group_id: str
+    task_id: str
+    segments: list[Segment] = field(default_factory=list)
+    reward: float = 0.0
+    turn_penalties: dict[int, float] = field(default_factory=dict)  # turn -> penalty (<= 0)
+    num_turns: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(sum(s.policy_mask) for s in self.segments)
+
+    @property
+    def min_version(self) -> int:
+        versions = [
+            v for s in self.segments for v, m in zip(s.versions, s.policy_mask, strict=True) if m
+        ]
+        return min(versions) if versions else -1
