@@ -17,6 +17,7 @@ from rlsys.cli.errors import UserError
 # name -> (module, attribute): the registry of top-level commands.
 COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "ledger": ("rlsys.cli.ledger_cmd", "ledger"),
+    "sandbox": ("rlsys.cli.sandbox_cmd", "sandbox"),
 }
 
 

@@ -1,0 +1,1 @@
+"""Tasks an agent is trained on: one file each, chosen by name through `registry.TASKS`."""
