@@ -211,3 +211,55 @@ def show(ledger: Ledger, rollout_id: str) -> dict[str, Any]:
         "history": [dict(h) for h in history],
         "events": [dict(e) for e in events],
     }
+
+
+def trainer_steps(ledger: Ledger, job_id: str | None = None, after_step: int = 0) -> dict[str, Any]:
+    """Per-step trainer metrics of a job (what `rlsys monitor` shows), oldest first."""
+    from rlsys.ledger.models import TrainerStep
+
+    if not ledger.has_schema():
+        if job_id is not None:
+            ledger_job_missing(job_id)
+        return {"job_id": None, "steps": []}
+    job_id = _resolve_job(ledger, job_id)
+    if job_id is None:
+        return {"job_id": None, "steps": []}
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                TrainerStep.step, TrainerStep.policy_version, TrainerStep.at, TrainerStep.metrics
+            )
+            .where(TrainerStep.job_id == job_id, TrainerStep.step > after_step)
+            .order_by(TrainerStep.step)
+        ).all()
+    steps = [
+        {**metrics, "step": step, "policy_version": version, "at": at}
+        for step, version, at, metrics in rows
+    ]
+    return {"job_id": job_id, "job_status": ledger.get_job(job_id)["status"], "steps": steps}
+
+
+def list_jobs(ledger: Ledger, limit: int = 50) -> list[dict[str, Any]]:
+    """The most recent jobs with their status and rollout counts."""
+    from rlsys.ledger.models import Job
+
+    if not ledger.has_schema():
+        return []
+    with ledger.engine.connect() as conn:
+        jobs = (
+            conn.execute(
+                select(Job.id, Job.name, Job.status, Job.created_at, Job.ended_at)
+                .order_by(Job.created_at.desc())
+                .limit(limit)
+            )
+            .mappings()
+            .all()
+        )
+        counts = dict(
+            conn.execute(
+                select(Rollout.job_id, func.count())
+                .where(Rollout.job_id.in_([j["id"] for j in jobs]))
+                .group_by(Rollout.job_id)
+            ).all()
+        )
+    return [{**dict(j), "rollouts": counts.get(j["id"], 0)} for j in jobs]

@@ -1,0 +1,266 @@
+"""The driver-side loop of an RL job: plan, dispatch, collect, train, publish weights.
+
+Data flow (DESIGN.md section 3), and the invariants this loop keeps:
+- a group's rollouts are written to the ledger as `planned` before any is dispatched;
+- at most `rollout.groups_in_flight` groups are open (planned and not yet trained): this
+  bounds staleness, and generation keeps running while the trainer steps (async);
+- a scored trajectory goes through the rollout stream; the trainer's consumer acknowledges
+  its entry only after the optimiser step that consumed it is checkpointed and its
+  rollouts are `trained` (or filtered) in the ledger;
+- a dead rollout worker's rollouts are reconciled to `failed_worker_lost` (with linked
+  retries when configured) and the worker is replaced; a dead engine replica is routed
+  around by admission (sessions migrate);
+- when the loop ends, for whatever reason, `finish_job` names a state for every rollout
+  still live, so `lost` is 0.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from rlsys.actors.groups import GroupBook
+from rlsys.config.job import JobConfig
+from rlsys.ledger.reconcile import finish_job, reconcile_leases
+from rlsys.ledger.records import PlannedRollout, Transition, new_id
+from rlsys.ledger.store import Ledger
+from rlsys.ledger.stream import RolloutStream
+from rlsys.types import RolloutState as S
+
+CONSUMER = "trainer"
+
+
+@dataclass
+class JobHandles:
+    admission: Any
+    replicas: dict[str, Any]
+    workers: dict[str, Any]
+    trainer: Any
+
+
+@dataclass
+class RunStats:
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    worker_deaths: int = 0
+    stale_filtered: int = 0
+    started: float = field(default_factory=time.time)
+
+
+class Controller:
+    """Runs one job to completion (or to a stop request) against live actors."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        job_id: str,
+        ledger: Ledger,
+        stream: RolloutStream,
+        handles: JobHandles,
+        make_worker: Callable[[str], Any],
+        *,
+        run_dir: Path,
+        start_step: int = 0,
+        start_version: int = 0,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.cfg, self.job_id, self.ledger, self.stream = cfg, job_id, ledger, stream
+        self.h, self.make_worker, self.run_dir = handles, make_worker, run_dir
+        self.step, self.version = start_step, start_version
+        self.on_step, self.should_stop = on_step or (lambda m: None), should_stop
+        self.book = GroupBook()
+        self.rng = random.Random(cfg.seed * 1_000_003 + start_step)
+        self.pending: list[dict[str, Any]] = []  # assignments not yet dispatched
+        self.running: dict[Any, tuple[str, dict[str, Any]]] = {}  # ref -> (worker, assignment)
+        self.slots: dict[str, int] = {w: 0 for w in handles.workers}
+        self.train_ref: Any = None
+        self.train_batch: list[Any] = []
+        self.stats = RunStats()
+
+    # -- planning and dispatch -----------------------------------------------------------
+    def _plan_groups(self) -> None:
+        while self.book.open_groups < self.cfg.rollout.groups_in_flight:
+            gid, index = new_id("g"), self.rng.randrange(1 << 30)
+            planned = [
+                PlannedRollout(gid, f"task-{index}") for _ in range(self.cfg.rollout.group_size)
+            ]
+            self.ledger.plan(self.job_id, planned)  # "expected" before anything is dispatched
+            self.book.add(gid, index, [p.id for p in planned])
+            self.pending += [self._assignment(p, index) for p in planned]
+
+    @staticmethod
+    def _assignment(p: PlannedRollout, index: int) -> dict[str, Any]:
+        return {
+            "rollout_id": p.id,
+            "group_id": p.group_id,
+            "task_index": index,
+            "session_id": p.session_id,
+        }
+
+    def _dispatch(self) -> None:
+        per_worker = self.cfg.rollout.concurrency_per_worker
+        while self.pending:
+            free = [w for w, n in self.slots.items() if n < per_worker]
+            if not free:
+                return
+            worker = min(free, key=lambda w: self.slots[w])
+            a = self.pending.pop(0)
+            ref = self.h.workers[worker].run.remote(a)
+            self.running[ref] = (worker, a)
+            self.slots[worker] += 1
+
+    # -- results ---------------------------------------------------------------------------
+    def _on_rollout_done(self, ref: Any) -> None:
+        worker, a = self.running.pop(ref)
+        self.slots[worker] = max(0, self.slots.get(worker, 0) - 1)
+        try:
+            result = ray.get(ref)
+        except (RayActorError, RayTaskError) as err:
+            self._on_worker_failure(worker, err)
+            return
+        rid = result["rollout_id"]
+        if result["state"] == S.SCORED.value:
+            entry = self.stream.publish(rid, pickle.dumps(result["trajectory"]))
+            self.book.scored(rid, entry, result["trajectory"])
+        else:
+            self.book.failed(rid)
+
+    def _on_worker_failure(self, worker: str, err: BaseException) -> None:
+        """A worker died: end its rollouts as lost (with linked retries) and replace it."""
+        if worker not in self.h.workers:
+            return  # already handled for another of its in-flight rollouts
+        self.stats.worker_deaths += 1
+        del self.h.workers[worker]
+        self.slots.pop(worker, None)
+        self.ledger.release(worker)
+        result = reconcile_leases(
+            self.ledger,
+            self.job_id,
+            retry=self.cfg.rollout.retry_lost,
+            max_attempts=self.cfg.rollout.max_attempts,
+        )
+        for lost in result.lost:
+            retry = result.retries.get(lost)
+            if lost in self.book.group_of:
+                self.book.failed(lost, retry)
+                if retry:
+                    g = self.book.groups[self.book.group_of[retry]]
+                    self.pending.append(
+                        {
+                            "rollout_id": retry,
+                            "group_id": g.group_id,
+                            "task_index": g.task_index,
+                            "session_id": new_id("s"),
+                        }
+                    )
+        # Rollouts of this worker still in `self.running` fail their refs too: drop them here,
+        # their ledger rows are already ended by the reconciliation above.
+        for ref, (w, _a) in list(self.running.items()):
+            if w == worker:
+                del self.running[ref]
+        replacement = f"worker-{new_id('w')[2:10]}"
+        self.h.workers[replacement] = self.make_worker(replacement)
+        self.slots[replacement] = 0
+
+    # -- training --------------------------------------------------------------------------
+    def _maybe_start_step(self) -> None:
+        if self.train_ref is not None:
+            return
+        self.book.drop_dead()
+        groups = self.book.take_ready(self.cfg.trainer.groups_per_step)
+        if len(groups) < self.cfg.trainer.groups_per_step:
+            for g in groups:  # not enough yet: put them back
+                self.book.groups[g.group_id] = g
+            return
+        batch = [(rid, entry, traj) for g in groups for rid, (entry, traj) in g.scored.items()]
+        self.ledger.apply([Transition(rid, S.BUFFERED) for rid, _, _ in batch])
+        self.train_batch = batch
+        self.train_ref = self.h.trainer.step.remote([t for _, _, t in batch], self.version)
+
+    def _on_step_done(self) -> None:
+        out = ray.get(self.train_ref)
+        self.train_ref = None
+        batch, self.train_batch = self.train_batch, []
+        self.step += 1
+        self.version = out["version"]
+        consumed = [rid for rid, _, _ in batch]
+        ray.get(
+            self.h.trainer.checkpoint.remote(
+                str(self.run_dir / "checkpoint"),
+                {
+                    "step": self.step,
+                    "version": self.version,
+                    "job_id": self.job_id,
+                    "consumed_rollouts": consumed,
+                    "consumed_entries": [e for _, e, _ in batch],
+                },
+            )
+        )
+        filtered = {f["rollout_id"]: f for f in out["filtered"]}
+        self.stats.stale_filtered += sum(
+            f["state"] == S.FILTERED_STALE.value for f in filtered.values()
+        )
+        ends = [
+            Transition(rid, S(filtered[rid]["state"]), reason=filtered[rid]["reason"])
+            if rid in filtered
+            else Transition(rid, S.TRAINED, updates={"trained_version": self.version})
+            for rid in consumed
+        ]
+        self.ledger.apply(ends)
+        metrics = {**out["metrics"], "step": self.step, "policy_version": self.version}
+        self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
+        self.stream.ack([e for _, e, _ in batch])  # only now: the step is committed
+        self.broadcast_weights()
+        self.stats.steps.append(metrics)
+        self.on_step(metrics)
+
+    def broadcast_weights(self) -> None:
+        state = self.h.trainer.weights.remote()
+        ray.get([r.update_weights.remote(state, self.version) for r in self.h.replicas.values()])
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> str:
+        """Run until `trainer.steps` optimiser steps are taken; returns the job end status."""
+        status = "completed"
+        try:
+            while self.step < self.cfg.trainer.steps:
+                if self.should_stop():
+                    status = "stopped"
+                    break
+                self._plan_groups()
+                self._dispatch()
+                self._maybe_start_step()
+                refs = list(self.running) + ([self.train_ref] if self.train_ref is not None else [])
+                if not refs:
+                    raise RuntimeError(
+                        "nothing in flight and no step possible: the job cannot progress"
+                    )
+                done, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+                for ref in done:
+                    if ref is self.train_ref or ref == self.train_ref:
+                        self._on_step_done()
+                    elif ref in self.running:
+                        self._on_rollout_done(ref)
+        except KeyboardInterrupt:
+            status = "stopped"
+        except BaseException:
+            status = "failed"
+            raise
+        finally:
+            self._shutdown_inflight()
+            finish_job(self.ledger, self.job_id, status)
+        return status
+
+    def _shutdown_inflight(self) -> None:
+        for ref in list(self.running):
+            ray.cancel(ref, force=False)
+        if self.train_ref is not None:
+            ray.cancel(self.train_ref, force=False)

@@ -1,0 +1,65 @@
+"""Group bookkeeping for the controller: which rollouts belong to a group, which finished.
+
+A group is ready for the trainer when every member still expected has a scored
+trajectory in hand. A failed member leaves the group (its failure is in the ledger); a
+retried member is replaced by its retry. Pure Python, no Ray: unit-testable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Group:
+    group_id: str
+    task_index: int
+    members: set[str] = field(default_factory=set)
+    scored: dict[str, tuple[str, Any]] = field(default_factory=dict)  # rid -> (entry id, traj)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.members) and self.members <= set(self.scored)
+
+    @property
+    def dead(self) -> bool:
+        """Every member failed: nothing to train, nothing to wait for."""
+        return not self.members
+
+
+class GroupBook:
+    def __init__(self) -> None:
+        self.groups: dict[str, Group] = {}
+        self.group_of: dict[str, str] = {}
+
+    def add(self, group_id: str, task_index: int, rollout_ids: list[str]) -> None:
+        self.groups[group_id] = Group(group_id, task_index, set(rollout_ids))
+        for rid in rollout_ids:
+            self.group_of[rid] = group_id
+
+    def scored(self, rid: str, entry_id: str, trajectory: Any) -> None:
+        self.groups[self.group_of[rid]].scored[rid] = (entry_id, trajectory)
+
+    def failed(self, rid: str, retry_id: str | None = None) -> None:
+        group = self.groups[self.group_of[rid]]
+        group.members.discard(rid)
+        if retry_id:
+            group.members.add(retry_id)
+            self.group_of[retry_id] = group.group_id
+
+    def take_ready(self, limit: int) -> list[Group]:
+        ready = [g for g in self.groups.values() if g.ready][:limit]
+        for g in ready:
+            del self.groups[g.group_id]
+        return ready
+
+    def drop_dead(self) -> int:
+        dead = [gid for gid, g in self.groups.items() if g.dead]
+        for gid in dead:
+            del self.groups[gid]
+        return len(dead)
+
+    @property
+    def open_groups(self) -> int:
+        return len(self.groups)

@@ -1,0 +1,120 @@
+"""A rollout worker: runs agent rollouts (scaffold + sandbox) and records them in the ledger.
+
+Invariants:
+- the worker owns the rollouts it runs: it sets itself as `owner` when admitting them and
+  renews its lease from a heartbeat thread, so if the worker dies, reconciliation ends
+  its rollouts as `failed_worker_lost` (nothing is left without a terminal state);
+- every turn, tool call, penalty, compaction, admission wait/retry and migration becomes a
+  ledger event, written together with the rollout's next transition;
+- a failure ends the rollout in its named failed state with the reason (never reward 0).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+from typing import Any
+
+import ray
+
+from rlsys.actors.handles import ReplicaGenerator, SchedulerProxy
+from rlsys.actors.ledger_sink import LedgerEventBuffer
+from rlsys.ledger.records import Transition
+from rlsys.ledger.store import Ledger
+from rlsys.rollout.client import AdmittedGenerator
+from rlsys.types import RolloutState as S
+
+
+@ray.remote(max_restarts=0)
+class RolloutWorker:
+    def __init__(
+        self,
+        worker_id: str,
+        job_id: str,
+        ledger_url: str,
+        job_config: dict[str, Any],
+        scheduler: Any,
+        replicas: dict[str, Any],
+    ) -> None:
+        from rlsys.actors.job_sections import scaffold_config
+        from rlsys.config.job import JobConfig
+        from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
+        from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
+
+        cfg = JobConfig.model_validate(job_config)
+        self.worker_id, self.job_id = worker_id, job_id
+        self.ledger = Ledger.open(ledger_url, create=False)
+        self.task = build_task(parse_task_config(cfg.rollout.task))
+        self.scaffold = scaffold_config(cfg)
+        self.open_sandbox = partial(open_sandbox, parse_sandbox_config(cfg.rollout.sandbox))
+        self.scheduler = SchedulerProxy(scheduler)
+        self.replicas = {rid: ReplicaGenerator(rid, h) for rid, h in replicas.items()}
+        self.lease_s = cfg.rollout.lease_s
+        self.ledger.heartbeat(worker_id, job_id, self.lease_s)
+        self._stop = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                self.ledger.heartbeat(self.worker_id, self.job_id, self.lease_s)
+            except Exception:  # a missed beat is retried next period; the lease has slack
+                continue
+
+    def ready(self) -> str:
+        return self.worker_id
+
+    def run(self, assignment: dict[str, Any]) -> dict[str, Any]:
+        """Run one planned rollout to `scored` or a failed state; returns its trajectory."""
+        from rlsys.sandboxes.scaffold import run_rollout
+
+        rid = assignment["rollout_id"]
+        sink = LedgerEventBuffer(rid, self.job_id)
+        self.ledger.apply(
+            [
+                Transition(rid, S.ADMITTED, updates={"owner": self.worker_id}),
+                Transition(rid, S.RUNNING),
+            ]
+        )
+        generator = AdmittedGenerator(self.scheduler, self.replicas, sink.admission)
+        started = time.time()
+        outcome = run_rollout(
+            self.task,
+            assignment["task_index"],
+            generator,
+            config=self.scaffold,
+            sink=sink,
+            open_sandbox=self.open_sandbox,
+            rollout_id=rid,
+            group_id=assignment["group_id"],
+            session_id=assignment["session_id"],
+        )
+        traj = outcome.trajectory
+        versions = [
+            v for s in traj.segments for v, m in zip(s.versions, s.policy_mask, strict=True) if m
+        ]
+        updates = {
+            "turns": traj.num_turns,
+            "completion_tokens": traj.num_policy_tokens,
+            "prompt_tokens": sum(len(s.token_ids) for s in traj.segments) - traj.num_policy_tokens,
+            "policy_version_first": min(versions) if versions else None,
+            "policy_version_last": max(versions) if versions else None,
+        }
+        if outcome.failure is not None:
+            state, reason = S(outcome.failure.state), outcome.failure.reason
+        else:
+            state, reason = S.SCORED, None
+            updates["reward"] = traj.reward
+        traj.metadata["wall_s"] = time.time() - started
+        self.ledger.apply([Transition(rid, state, reason=reason, updates=updates)], sink.drain())
+        return {
+            "rollout_id": rid,
+            "state": state.value,
+            "trajectory": traj if state is S.SCORED else None,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        self.ledger.release(self.worker_id)
+        self.ledger.close()

@@ -1,0 +1,110 @@
+"""`rlsys run CONFIG` and `rlsys submit CONFIG --address URL`.
+
+`run` validates everything first (exit 2, nothing started, on any config error), then
+starts or joins Ray and runs the job to completion with a progress line per trainer step
+and a summary at the end. `submit` hands the same command to a Ray cluster through the
+Ray Jobs API with the working directory as the runtime environment.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+import click
+
+from rlsys.cli.errors import UserError
+
+SET_HELP = "Override a config value: key.path=value (YAML scalar). Repeatable."
+
+
+def _progress_line(m: dict[str, Any]) -> str:
+    st, dr = m.get("staleness", {}), m.get("logprob_drift", {})
+    return (
+        f"step {m['step']:>4}  v{m['policy_version']:<4} reward {m.get('reward_mean', 0):.3f}  "
+        f"staleness {st.get('mean', 0):.2f}/{st.get('max', 0)}  "
+        f"drift {dr.get('mean_abs', 0):.2e}/{dr.get('max_abs', 0):.2e}  "
+        f"drop {m.get('drop_rate', 0):.3f}  samples {m.get('num_samples', 0)}  "
+        f"{m.get('samples_per_s', 0):.1f} samples/s"
+    )
+
+
+@click.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--set", "sets", multiple=True, help=SET_HELP)
+@click.option("--resume", "resume", default=None, help="Continue job JOB from its last checkpoint.")
+@click.option("--job-id", default=None, help="Use this id for a new job (set by `rlsys submit`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
+def run(
+    config: str, sets: tuple[str, ...], resume: str | None, job_id: str | None, as_json: bool
+) -> None:
+    """Run a job to completion (local Ray, or the cluster in RAY_ADDRESS)."""
+    from rlsys.cli.job_config import load_job_config
+
+    cfg = load_job_config(config, sets)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `ray job stop` sends SIGTERM
+    from rlsys.actors.job import run_job
+    from rlsys.ledger.errors import LedgerUserError
+
+    try:
+        summary = run_job(
+            cfg,
+            resume=resume,
+            job_id=job_id,
+            on_step=lambda m: click.echo(_progress_line(m)),
+            on_event=lambda s: click.echo(s, err=True),
+        )
+    except LedgerUserError as err:
+        raise UserError(str(err)) from err
+    _print_summary(summary, as_json)
+    if summary["status"] != "completed":
+        sys.exit(130 if summary["status"] == "stopped" else 1)
+
+
+def _sigterm_as_interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    from rlsys.cli.render import print_json, print_table
+
+    if as_json:
+        print_json({k: v for k, v in summary.items() if k != "steps"})
+        return
+    steps = summary.get("steps", [])
+    rewards = [s.get("reward_mean", 0.0) for s in steps]
+    k = max(1, len(rewards) // 5)
+    rows = [
+        ("job_id", summary["job_id"]),
+        ("status", summary["status"]),
+        ("trainer steps", len(steps)),
+        ("wall time (s)", summary.get("wall_s")),
+        ("reward, first 20% of steps", sum(rewards[:k]) / k if rewards else None),
+        ("reward, last 20% of steps", sum(rewards[-k:]) / k if rewards else None),
+        ("expected rollouts", summary["expected"]),
+        (
+            "consumed / discarded / dropped",
+            f"{summary['consumed']} / {summary['discarded']} / {summary['dropped']}",
+        ),
+        ("lost", summary["lost"]),
+        ("drop rate", summary["drop_rate"]),
+        ("worker deaths", summary.get("worker_deaths", 0)),
+    ]
+    print_table("run summary", ["", "value"], rows)
+
+
+@click.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--address", required=True, help="Ray dashboard address, e.g. http://127.0.0.1:8265.")
+@click.option("--set", "sets", multiple=True, help=SET_HELP)
+@click.option("--wait/--no-wait", default=False, help="Follow the job's logs until it ends.")
+def submit(config: str, address: str, sets: tuple[str, ...], wait: bool) -> None:
+    """Submit a job to a Ray cluster through the Ray Jobs API."""
+    from rlsys.cli.job_config import load_job_config
+
+    load_job_config(config, sets)  # validate here: a bad config never reaches the cluster
+    from rlsys.actors.submit import submit_job
+
+    job_id = submit_job(address, config, sets, follow=wait, echo=click.echo)
+    click.echo(job_id)

@@ -1,0 +1,151 @@
+"""The job config: the one YAML file a user writes (`rlsys run CONFIG`).
+
+Invariants:
+- pydantic only (no torch, no ray): a config is validated before anything starts;
+- every section forbids unknown keys, and every error names its field path;
+- sections owned by other layers (the task, the sandbox, the scaffold) are kept as plain
+  mappings here and validated by `rlsys.jobs.validate` with those layers' own schemas,
+  because the dependency rule keeps `rlsys.config` below them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlsys.config.algo import AlgoConfig
+from rlsys.config.model import PRESETS, ModelConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Section):
+    preset: str = Field("small", description=f"Model preset: one of {sorted(PRESETS)}.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="ModelConfig fields to override."
+    )
+
+    @model_validator(mode="after")
+    def _known_preset(self) -> ModelSection:
+        if self.preset not in PRESETS:
+            raise ValueError(
+                f"unknown preset {self.preset!r}; allowed: {', '.join(sorted(PRESETS))}"
+            )
+        self.resolve()
+        return self
+
+    def resolve(self) -> ModelConfig:
+        return PRESETS[self.preset].with_overrides(self.overrides)
+
+
+class EngineSection(_Section):
+    replicas: int = Field(2, ge=1, le=64, description="Engine replica actors.")
+    max_running: int = Field(16, ge=1, le=4096, description="Requests a replica batches at once.")
+    max_queue: int = Field(64, ge=0, le=100_000, description="Requests that may wait per replica.")
+    max_context_tokens: int = Field(1024, ge=16, description="Context budget per sequence.")
+    candidate_cap: int = Field(64, ge=1, description="Max recorded top-p candidates per token.")
+    prefix_cache_tokens: int = Field(200_000, ge=0, description="Prefix cache capacity in tokens.")
+    tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree of each replica.")
+    num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica actor.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica actor.")
+
+
+class SamplingSection(_Section):
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass.")
+    top_k: int = Field(0, ge=0, description="Top-k cut (0 = off).")
+    max_tokens_per_turn: int = Field(96, ge=1, description="Max generated tokens per turn.")
+
+
+class RolloutSection(_Section):
+    workers: int = Field(2, ge=1, le=1024, description="Rollout worker actors.")
+    group_size: int = Field(8, ge=1, le=1024, description="Rollouts per prompt (a group).")
+    groups_in_flight: int = Field(4, ge=1, description="Groups dispatched and not yet trained.")
+    concurrency_per_worker: int = Field(
+        4, ge=1, le=256, description="Rollouts a worker runs at once."
+    )
+    lease_s: float = Field(10.0, gt=0, description="Worker lease; lapsed leases are reconciled.")
+    retry_lost: bool = Field(True, description="Retry rollouts of a lost worker as linked rows.")
+    max_attempts: int = Field(2, ge=1, description="Attempts per rollout, the first included.")
+    num_cpus: float = Field(0.25, ge=0, description="Ray CPUs per rollout worker actor.")
+    task: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "arithmetic"}, description="Task config."
+    )
+    sandbox: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "bwrap"}, description="Sandbox config."
+    )
+    scaffold: dict[str, Any] = Field(
+        default_factory=dict, description="Scaffold config (turns, budgets)."
+    )
+
+
+class WarmStartSection(_Section):
+    steps: int = Field(
+        0, ge=0, description="Supervised steps on synthetic demonstrations (0 = off)."
+    )
+    demonstrations: int = Field(256, ge=1, description="Demonstrations generated from the task.")
+    lr: float = Field(3e-3, gt=0, description="Learning rate of the warm start.")
+    batch_size: int = Field(16, ge=1, description="Demonstrations per warm-start step.")
+
+
+class TrainerSection(_Section):
+    steps: int = Field(20, ge=1, description="Optimiser steps of the RL phase.")
+    groups_per_step: int = Field(4, ge=1, description="Groups consumed per optimiser step.")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    replay_experts: Literal["off", "indices", "indices_and_gates"] = Field(
+        "indices", description="Routed-expert replay for the actor (and the reference policy)."
+    )
+    replay_candidates: bool = Field(True, description="Log-probs over the recorded top-p set only.")
+    zero_center: bool = Field(True, description="Zero-center projection on the logit gradient.")
+    lm_head_chunk: int = Field(
+        1024,
+        ge=0,
+        description="Rows per LM-head + log-softmax chunk, recomputed in the backward so the "
+        "full logits tensor never exists (0 = one unchunked pass).",
+    )
+    micro_batch_tokens: int = Field(
+        8192, ge=1, description="Tokens per forward/backward micro-batch (gradients accumulate)."
+    )
+    checkpoint_every: int = Field(5, ge=1, description="Checkpoint every N optimiser steps.")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the trainer actor.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs of the trainer actor.")
+    warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+
+
+class StoreSection(_Section):
+    ledger_url: str | None = Field(None, description="Ledger URL (default: RUN_ROOT/ledger.db).")
+    stream_url: str = Field(
+        "memory://rollouts", description="Rollout stream: memory:// or redis://."
+    )
+    run_root: str = Field("runs", description="Where ledgers, checkpoints and logs live.")
+
+
+class JobConfig(_Section):
+    """A whole RL job."""
+
+    name: str = Field("rlsys-job", min_length=1, max_length=200, description="Job name.")
+    seed: int = Field(0, description="Seed of everything random.")
+    model: ModelSection = Field(default_factory=ModelSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    store: StoreSection = Field(default_factory=StoreSection)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobConfig:
+        if self.trainer.groups_per_step > self.rollout.groups_in_flight:
+            raise ValueError(
+                "trainer.groups_per_step must be <= rollout.groups_in_flight "
+                f"({self.trainer.groups_per_step} > {self.rollout.groups_in_flight}): "
+                "the trainer would wait forever for groups that are never dispatched"
+            )
+        if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
+            raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")
+        return self

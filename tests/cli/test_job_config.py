@@ -1,0 +1,83 @@
+"""Invalid configs: every error names the field path, exits 2, and starts nothing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlsys.cli.errors import UserError
+from rlsys.cli.job_config import load_job_config
+
+pytestmark = pytest.mark.unit
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+
+
+def test_quickstart_config_is_valid():
+    cfg = load_job_config(str(QUICKSTART))
+    assert cfg.model.resolve().n_layers >= 1 and cfg.rollout.task["type"] == "arithmetic"
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (("engine.replicas=0",), "engine.replicas: Input should be greater than or equal to 1"),
+        (("engine.replicaz=2",), "engine.replicaz: unknown key"),
+        (("engine.tp=3",), "engine.tp:"),
+        (("trainer.lr=fast",), "trainer.lr: Input should be a valid number"),
+        (("model.preset=huge",), "unknown preset 'huge'; allowed:"),
+        (("rollout.task.type=chess",), "rollout.task"),
+        (("rollout.task.max_factor=0",), "rollout.task.max_factor"),
+        (("rollout.sandbox.type=vm",), "rollout.sandbox"),
+        (("rollout.scaffold.temperature=0.5",), "rollout.scaffold: set ['temperature']"),
+        (
+            ("trainer.groups_per_step=9",),
+            "trainer.groups_per_step must be <= rollout.groups_in_flight",
+        ),
+        (("engine.num_gpus=1",), "engine.num_gpus"),
+    ],
+)
+def test_invalid_values_name_their_field(sets, message, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if "num_gpus" in sets[0]:
+        monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(UserError) as err:
+        load_job_config(str(QUICKSTART), sets)
+    assert message in str(err.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(UserError, match="config file not found"):
+        load_job_config(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_job_config(str(bad))
+
+
+def test_run_with_a_bad_config_exits_2_and_starts_nothing(tmp_path):
+    env = {**os.environ, "RLSYS_RUN_ROOT": str(tmp_path)}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlsys.cli",
+            "run",
+            str(QUICKSTART),
+            "--set",
+            "engine.replicas=-1",
+            "--set",
+            f"store.run_root={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert res.returncode == 2
+    assert "engine.replicas" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no ledger, no run directory
+    assert "ray" not in res.stderr.lower()
