@@ -18,6 +18,7 @@ from rlsys.cli.errors import UserError
 COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "ledger": ("rlsys.cli.ledger_cmd", "ledger"),
     "sandbox": ("rlsys.cli.sandbox_cmd", "sandbox"),
+    "model": ("rlsys.cli.model_cmd", "model"),
     "run": ("rlsys.cli.run_cmd", "run"),
     "submit": ("rlsys.cli.run_cmd", "submit"),
     "jobs": ("rlsys.cli.jobs_cmd", "jobs"),

@@ -1,0 +1,62 @@
+"""One transformer block: norm -> attention -> residual add, norm -> FFN -> residual add.
+
+Invariant (fp32 residual stream): `h` enters and leaves in fp32, and so does its gradient;
+only the branch inputs are cast to the compute dtype, and branch outputs are added in fp32.
+The gradient clamp sits on the block output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rlsys.config.model import LayerKind, ModelConfig
+from rlsys.model.attention import SeqSpan
+from rlsys.model.aux import AuxLosses
+from rlsys.model.cache import LayerCache
+from rlsys.model.grad_clamp import GradClamp
+from rlsys.model.moe import MoE, SwiGLU
+from rlsys.model.norm import ZeroCenteredRMSNorm
+from rlsys.model.routing import Routing
+from rlsys.model.sparse_gqa import SparseGQA
+from rlsys.model.swa import GatedSlidingWindowAttention
+
+ATTENTION_KINDS: dict[LayerKind, type[GatedSlidingWindowAttention] | type[SparseGQA]] = {
+    "swa": GatedSlidingWindowAttention,
+    "sparse": SparseGQA,
+}
+
+
+class Block(nn.Module):
+    """A block with an MoE FFN (`moe_layer` = its routing-record index) or a dense SwiGLU."""
+
+    def __init__(
+        self, cfg: ModelConfig, kind: LayerKind, moe_layer: int | None, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.kind, self.dtype = kind, dtype
+        self.attn_norm = ZeroCenteredRMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = ATTENTION_KINDS[kind](cfg, dtype)
+        self.ffn_norm = ZeroCenteredRMSNorm(cfg.d_model, cfg.norm_eps)
+        out_std = cfg.init_std / (2 * cfg.n_layers) ** 0.5
+        self.ffn: MoE | SwiGLU = (
+            MoE(cfg, moe_layer, dtype)
+            if moe_layer is not None
+            else SwiGLU(cfg.d_model, cfg.expert_hidden, cfg.init_std, out_std, dtype)
+        )
+        self.clamp = GradClamp(cfg.grad_clamp_fraction)
+
+    def forward(
+        self,
+        h: Tensor,
+        positions: Tensor,
+        spans: list[SeqSpan],
+        caches: list[LayerCache],
+        routing: Routing | None = None,
+        aux: AuxLosses | None = None,
+    ) -> Tensor:
+        a = self.attn(self.attn_norm(h).to(self.dtype), positions, spans, caches, aux)
+        h = h + a.float()
+        x = self.ffn_norm(h).to(self.dtype)
+        f = self.ffn(x, routing, aux) if isinstance(self.ffn, MoE) else self.ffn(x)
+        return self.clamp(h + f.float())

@@ -1,0 +1,132 @@
+"""MoE feed-forward: sigmoid router, top-k experts, shared experts, load balancing.
+
+Invariants:
+- The router runs in fp32 (fp32 weights) so selection is not decided by bf16 rounding.
+- Gates are the selected sigmoid scores normalised to sum to 1 (in-order fold); the
+  selection bias (aux-loss-free balancing) changes which experts are chosen, never a gate.
+- Expert outputs are combined by `kernels.moe_combine` in top-k slot order, so a token's
+  output does not depend on which other tokens were routed with it.
+- A `RoutingReplay` replaces the router's choice; with gates it reproduces the recorded
+  forward bitwise, without gates the router recomputes them and keeps its gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rlsys import kernels
+from rlsys.config.model import ModelConfig
+from rlsys.kernels.tp import RowParallel
+from rlsys.model.attention import init_weight
+from rlsys.model.aux import AuxLosses
+from rlsys.model.routing import Routing, RoutingRecorder, RoutingReplay
+
+
+class SwiGLU(nn.Module):
+    """`w2 (silu(w1 x) * w3 x)`; every product is row-invariant, and w2 (which reduces over
+    the hidden width that TP splits) is the fixed 8-chunk tree of `kernels.tp`; fp32 out."""
+
+    def __init__(self, d: int, hidden: int, std: float, out_std: float, dtype: torch.dtype):
+        super().__init__()
+        self.w1 = init_weight((hidden, d), std, dtype)
+        self.w3 = init_weight((hidden, d), std, dtype)
+        self.w2 = init_weight((d, hidden), out_std, dtype)
+        self.row_parallel = RowParallel()
+
+    def partial(self, x: Tensor) -> Tensor:
+        """This TP rank's subtotal of the output (the whole output at TP=1)."""
+        hidden = kernels.silu(kernels.linear(x, self.w1)) * kernels.linear(x, self.w3)
+        return self.row_parallel.partial(hidden, self.w2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.row_parallel.reduce(self.partial(x))
+
+
+class MoE(nn.Module):
+    """Routed + shared SwiGLU experts of one block; `layer` is its index in routing records."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        d, std = cfg.d_model, cfg.init_std
+        out_std = std / (2 * cfg.n_layers) ** 0.5
+        self.router = init_weight((cfg.n_experts, d), std, torch.float32)
+        self.experts = nn.ModuleList(
+            SwiGLU(d, cfg.expert_hidden, std, out_std, dtype) for _ in range(cfg.n_experts)
+        )
+        self.shared = (
+            SwiGLU(d, cfg.expert_hidden * cfg.n_shared_experts, std, out_std, dtype)
+            if cfg.n_shared_experts
+            else None
+        )
+        self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
+        self.register_buffer("expert_load", torch.zeros(cfg.n_experts))
+        self.row_parallel = RowParallel()
+
+    def forward(
+        self, x: Tensor, routing: Routing | None = None, aux: AuxLosses | None = None
+    ) -> Tensor:
+        """x (N, d) in compute dtype -> (N, d) fp32."""
+        scores = kernels.sigmoid(kernels.linear(x, self.router))  # (N, E) fp32
+        idx, gates = self._route(scores, routing)
+        if self.training:
+            self.expert_load += torch.bincount(idx.reshape(-1), minlength=self.cfg.n_experts)
+            if aux is not None and self.cfg.balance == "aux_loss":
+                aux.add("moe_balance", self.cfg.aux_loss_weight * self._balance_loss(scores, idx))
+        expert_out = self._run_experts(x, idx)
+        shared = self.shared.partial(x) if self.shared is not None else None
+        expert_out, shared = self._reduce(expert_out, shared)
+        return kernels.moe_combine(expert_out, gates, shared)
+
+    def _reduce(self, expert_out: Tensor, shared: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Combine TP ranks' subtotals (routed and shared experts in one gather)."""
+        if self.row_parallel.degree == 1:
+            return expert_out, shared
+        n, k, d = expert_out.shape
+        parts = [expert_out.reshape(n, k * d)] + ([shared] if shared is not None else [])
+        full = self.row_parallel.reduce(torch.cat(parts, dim=-1))
+        return full[:, : k * d].view(n, k, d), (full[:, k * d :] if shared is not None else None)
+
+    def _route(self, scores: Tensor, routing: Routing | None) -> tuple[Tensor, Tensor]:
+        if isinstance(routing, RoutingReplay):
+            idx, gates = routing.lookup(self.layer)
+            idx = idx.to(scores.device)
+            if gates is None:
+                gates = kernels.normalize_rows(scores.gather(-1, idx))
+            return idx, gates.to(scores.device)
+        biased = scores.detach() + self.expert_bias
+        idx = biased.topk(self.cfg.experts_per_token, dim=-1).indices
+        gates = kernels.normalize_rows(scores.gather(-1, idx))
+        if isinstance(routing, RoutingRecorder):
+            routing.add(self.layer, idx, gates)
+        return idx, gates
+
+    def _run_experts(self, x: Tensor, idx: Tensor) -> Tensor:
+        """(N, k, d): expert idx[t, j] applied to token t, in slot j."""
+        n, k = idx.shape
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.cfg.n_experts).tolist()
+        outs, start = [], 0
+        for e, count in enumerate(counts):
+            if count:
+                outs.append(self.experts[e].partial(x[order[start : start + count] // k]))
+            start += count
+        ys = torch.cat(outs, dim=0)
+        return ys.new_zeros(n * k, ys.shape[-1]).index_copy(0, order, ys).view(n, k, -1)
+
+    def _balance_loss(self, scores: Tensor, idx: Tensor) -> Tensor:
+        """Switch-style `E * sum_e f_e * P_e` (f: routed fraction, P: mean router prob)."""
+        e = self.cfg.n_experts
+        frac = torch.bincount(idx.reshape(-1), minlength=e).float() / idx.numel()
+        prob = (scores / scores.sum(-1, keepdim=True)).mean(0)
+        return e * (frac.detach() * prob).sum()
+
+    @torch.no_grad()
+    def update_balance(self) -> None:
+        """Aux-loss-free balancing: nudge the selection bias toward under-loaded experts."""
+        if self.cfg.balance == "bias" and self.expert_load.sum() > 0:
+            delta = torch.sign(self.expert_load.mean() - self.expert_load)
+            self.expert_bias += self.cfg.balance_bias_rate * delta
+        self.expert_load.zero_()

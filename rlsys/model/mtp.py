@@ -1,0 +1,38 @@
+"""Multi-token prediction heads (full-sequence forward; speculative decoding comes later).
+
+Head d (1-based) combines the previous depth's hidden state at t with the embedding of
+token t + d, runs one SWA block with a dense FFN, and predicts token t + 1 + d through the
+shared LM head. Rows whose token t + d lies beyond the sequence carry no target.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rlsys import kernels
+from rlsys.config.model import ModelConfig
+from rlsys.model.attention import SeqSpan, init_weight
+from rlsys.model.block import Block
+from rlsys.model.norm import ZeroCenteredRMSNorm
+
+
+class MTPHead(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.norm_hidden = ZeroCenteredRMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm_embed = ZeroCenteredRMSNorm(cfg.d_model, cfg.norm_eps)
+        self.proj = init_weight((cfg.d_model, 2 * cfg.d_model), cfg.init_std, dtype)
+        self.block = Block(cfg, "swa", None, dtype)
+        self.final_norm = ZeroCenteredRMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def forward(
+        self, h_prev: Tensor, next_embed: Tensor, positions: Tensor, spans: list[SeqSpan]
+    ) -> tuple[Tensor, Tensor]:
+        """Returns (hidden fp32 (N, d), normed hidden in compute dtype for the LM head)."""
+        joint = torch.cat([self.norm_hidden(h_prev), self.norm_embed(next_embed)], dim=-1)
+        h = kernels.linear(joint.to(self.dtype), self.proj).float()
+        caches = [self.block.attn.new_cache(self.dtype, h.device) for _ in spans]
+        h = self.block(h, positions, spans, caches)
+        return h, self.final_norm(h).to(self.dtype)

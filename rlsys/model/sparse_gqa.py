@@ -1,0 +1,233 @@
+"""Sparse GQA: block-merged index keys, per-KV-group top-k block selection, union tiles.
+
+Per layer and sequence:
+- Index keys (shared by all KV groups, fp32, rotary at their positions) of B adjacent
+  positions are merged (mean) into one block key once the block is complete. Each KV group g has its own index query; a
+  query at t scores every complete past block b < t // B and keeps the top k / B.
+- Main attention reads the original K/V of the selected blocks plus the causally visible
+  positions of the query's own (current) block.
+- Queries are processed in aligned tiles of `sparse_query_tile` positions: a tile attends
+  over the union of its queries' blocks, each query masked to its own. The fold over blocks
+  is sequential and in ascending block order (`kernels.block_attention`), so the union adds
+  exact zeros only and the result is bitwise the per-query result.
+- Memory: per chunk of `tiles_per_chunk` tiles, O(chunk * union * B); index scores
+  are over L / B blocks. No L x L tensor is built.
+- Training: an indexer KL (DSA-style) pulls the index distribution over the selected blocks
+  toward the main attention's (detached) mass on them; collected in `AuxLosses`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlsys import kernels
+from rlsys.config.model import ModelConfig
+from rlsys.model.attention import (
+    AttentionProjections,
+    SeqSpan,
+    checkpointed,
+    init_weight,
+    items_to_rows,
+    rows_to_items,
+)
+from rlsys.model.aux import AuxLosses
+from rlsys.model.cache import SparseKVCache
+from rlsys.model.rope import apply_rope
+
+
+class SparseGQA(nn.Module):
+    """One Sparse GQA layer; `forward` serves full sequences and incremental chunks alike."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.proj = AttentionProjections(cfg, dtype)
+        self.w_index_q = init_weight(
+            (cfg.n_kv_groups * cfg.index_dim, cfg.d_model), cfg.init_std, dtype
+        )
+        self.w_index_k = init_weight((cfg.index_dim, cfg.d_model), cfg.init_std, dtype)
+
+    def new_cache(self, dtype: torch.dtype, device: torch.device) -> SparseKVCache:
+        cfg = self.cfg
+        kv = torch.zeros(0, cfg.n_kv_groups, cfg.head_dim, dtype=dtype, device=device)
+        idx = torch.zeros(0, cfg.index_dim, dtype=torch.float32, device=device)
+        return SparseKVCache(k=kv, v=kv.clone(), block_keys=idx, pending_index_keys=idx.clone())
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        spans: list[SeqSpan],
+        caches: list[SparseKVCache],
+        aux: AuxLosses | None = None,
+    ) -> Tensor:
+        cfg = self.cfg
+        n = x.shape[0]
+        q, k, v = self.proj.qkv(x, positions)
+        # The indexer reads a detached input: its KL trains the index weights only (as in DSA),
+        # never the backbone; selection itself is discrete and passes no gradient.
+        x_index = x.detach()
+        # Rotary on index queries/keys (keys rotated per position, then merged) lets the
+        # indexer learn relative-position preferences such as recency, not content alone.
+        qi = kernels.linear(x_index, self.w_index_q).float().view(n, cfg.n_kv_groups, -1)
+        qi = apply_rope(qi, positions, cfg.rope_theta)
+        ki = kernels.linear(x_index, self.w_index_k).float().view(n, 1, -1)
+        ki = apply_rope(ki, positions, cfg.rope_theta).view(n, -1)
+        outs = []
+        for s, cache in zip(spans, caches, strict=True):
+            rows = slice(s.row, s.row + s.n)
+            self._append(cache, k[rows], v[rows], ki[rows])
+            outs.append(self._attend(q[rows], qi[rows], s.pos, cache, aux))
+        return self.proj.gated_output(x, torch.cat(outs, dim=0))
+
+    def _append(self, cache: SparseKVCache, k: Tensor, v: Tensor, ki: Tensor) -> None:
+        b = self.cfg.sparse_block
+        cache.k = torch.cat([cache.k, k], dim=0)
+        cache.v = torch.cat([cache.v, v], dim=0)
+        pending = torch.cat([cache.pending_index_keys, ki], dim=0)
+        n_full = pending.shape[0] // b
+        if n_full:
+            full = pending[: n_full * b].view(n_full, b, -1)
+            # In-order fold so a block key is the same whether merged in prefill or decode.
+            merged = kernels.sequential_sum(full, dim=1) / b
+            cache.block_keys = torch.cat([cache.block_keys, merged], dim=0)
+        cache.pending_index_keys = pending[n_full * b :]
+
+    def _attend(
+        self, q: Tensor, qi: Tensor, pos0: int, cache: SparseKVCache, aux: AuxLosses | None
+    ) -> Tensor:
+        cfg = self.cfg
+        b, tile, step = cfg.sparse_block, cfg.sparse_query_tile, cfg.tiles_per_chunk
+        n_blocks = math.ceil(cache.length / b)
+        pad = n_blocks * b - cache.length
+        kb = F.pad(cache.k, (0, 0, 0, 0, 0, pad)).view(n_blocks, b, *cache.k.shape[1:])
+        vb = F.pad(cache.v, (0, 0, 0, 0, 0, pad)).view(n_blocks, b, *cache.v.shape[1:])
+        want_kl = aux is not None and torch.is_grad_enabled()
+        outs = []
+        first_tile, last_tile = pos0 // tile, (pos0 + q.shape[0] - 1) // tile
+        for ja in range(first_tile, last_tile + 1, step):
+            lo = max(pos0, ja * tile)
+            hi = min(pos0 + q.shape[0], (ja + step) * tile)
+            rows = slice(lo - pos0, hi - pos0)
+            out, kl = checkpointed(
+                self._attend_tiles, q[rows], qi[rows], lo, ja, kb, vb, cache.block_keys, want_kl
+            )
+            outs.append(out)
+            if want_kl:
+                aux.add("indexer_kl", kl)
+        return torch.cat(outs, dim=0)
+
+    def _attend_tiles(
+        self,
+        q: Tensor,
+        qi: Tensor,
+        lo: int,
+        first_tile: int,
+        kb: Tensor,
+        vb: Tensor,
+        block_keys: Tensor,
+        want_kl: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """Queries at positions [lo, lo + m), all in tiles >= first_tile, over their unions."""
+        cfg = self.cfg
+        b, tile, hkv = cfg.sparse_block, cfg.sparse_query_tile, cfg.n_kv_groups
+        g, dev = cfg.n_heads // hkv, q.device
+        m, n_blocks = q.shape[0], kb.shape[0]
+        positions = torch.arange(lo, lo + m, device=dev)
+        scores, selected = self._select(qi, positions, block_keys, n_blocks)
+        current = torch.arange(n_blocks, device=dev)[None, :] == (positions // b)[:, None]
+        attends = selected | current[:, None, :]  # (m, Hkv, n_blocks)
+
+        tile_of_row, offset = positions // tile - first_tile, positions % tile
+        n_tiles = int(tile_of_row[-1]) + 1
+        grid = torch.zeros(n_tiles, tile, hkv, n_blocks, dtype=torch.bool, device=dev)
+        grid[tile_of_row, offset] = attends
+        grid = grid.permute(0, 2, 1, 3)  # (tiles, Hkv, Tq, n_blocks)
+        union = grid.any(dim=2)  # (tiles, Hkv, n_blocks)
+        u = int(union.sum(-1).max())
+        order = torch.where(union, torch.arange(n_blocks, device=dev), n_blocks)
+        ids = order.sort(dim=-1).values[..., :u]  # ascending block ids, padding last
+        valid = ids < n_blocks
+        ids = ids.clamp_max(n_blocks - 1)
+
+        group = torch.arange(hkv, device=dev)[None, :, None]
+        k_items = kb.permute(2, 0, 1, 3)[group, ids].reshape(n_tiles * hkv, u, b, -1)
+        v_items = vb.permute(2, 0, 1, 3)[group, ids].reshape(n_tiles * hkv, u, b, -1)
+        row_attends = grid.gather(-1, ids[:, :, None, :].expand(n_tiles, hkv, tile, u))
+        qpos = (first_tile + torch.arange(n_tiles, device=dev))[:, None] * tile + torch.arange(
+            tile, device=dev
+        )  # (tiles, Tq)
+        kpos = ids[..., None] * b + torch.arange(b, device=dev)  # (tiles, Hkv, U, B)
+        causal = kpos[:, :, None] <= qpos[:, None, :, None, None]  # (tiles, Hkv, Tq, U, B)
+        vis = row_attends[..., None] & causal & valid[:, :, None, :, None]
+        vis = vis[:, :, :, None].expand(n_tiles, hkv, tile, g, u, b)
+        q_items = rows_to_items(q, tile_of_row, offset, n_tiles, tile, hkv)
+        out, mass = kernels.block_attention(
+            q_items, k_items, v_items, vis.reshape(n_tiles * hkv, tile * g, u, b), self.proj.scale
+        )
+        kl = (
+            self._indexer_loss(mass, scores, selected, ids, tile_of_row, offset, n_tiles)
+            if want_kl
+            else torch.zeros((), device=dev)
+        )
+        return items_to_rows(out, tile_of_row, offset, n_tiles, tile, hkv), kl
+
+    def _indexer_loss(
+        self,
+        mass: Tensor,
+        scores: Tensor,
+        selected: Tensor,
+        ids: Tensor,
+        tile_of_row: Tensor,
+        offset: Tensor,
+        n_tiles: int,
+    ) -> Tensor:
+        """KL(main attention mass on selected blocks || index softmax over them), per query."""
+        cfg = self.cfg
+        hkv, tile = cfg.n_kv_groups, cfg.sparse_query_tile
+        g = cfg.n_heads // hkv
+        u = ids.shape[-1]
+        # mass (tiles*Hkv, Tq*G, U) -> per query row and group, averaged over the group's heads
+        per_item = mass.detach().view(n_tiles, hkv, tile, g, u).mean(dim=3)
+        target = per_item[tile_of_row, :, offset]  # (m, Hkv, U)
+        row_ids = ids[tile_of_row]  # (m, Hkv, U)
+        keep = selected.gather(-1, row_ids)
+        logits = scores.gather(-1, row_ids).masked_fill(~keep, float("-inf"))
+        target = target.masked_fill(~keep, 0.0)
+        total = target.sum(-1, keepdim=True)
+        usable = (keep.sum(-1) > 1) & (total.squeeze(-1) > 0)
+        if not bool(usable.any()):
+            return torch.zeros((), device=mass.device)
+        target = target / total.clamp_min(1e-30)
+        log_pred = torch.log_softmax(logits, dim=-1).masked_fill(~keep, 0.0)
+        log_target = torch.log(target.clamp_min(1e-30))
+        kl = (target * (log_target - log_pred)).sum(-1)
+        return kl[usable].mean()
+
+    def _select(
+        self, qi: Tensor, positions: Tensor, block_keys: Tensor, n_blocks: int
+    ) -> tuple[Tensor, Tensor]:
+        """Index scores (m, Hkv, n_blocks) (-inf where not a past block) and the top-k mask."""
+        cfg = self.cfg
+        m, hkv = qi.shape[0], cfg.n_kv_groups
+        scores = qi.new_full((m, hkv, n_blocks), float("-inf"))
+        selected = torch.zeros(m, hkv, n_blocks, dtype=torch.bool, device=qi.device)
+        n_complete = block_keys.shape[0]
+        if n_complete == 0:
+            return scores, selected
+        raw = kernels.matmul_nt(qi.reshape(m * hkv, -1), block_keys).view(m, hkv, n_complete)
+        past = (
+            torch.arange(n_complete, device=qi.device)[None, :]
+            < (positions // cfg.sparse_block)[:, None]
+        )
+        raw = raw.masked_fill(~past[:, None, :], float("-inf"))
+        top_val, top_idx = raw.topk(min(cfg.sparse_selected_blocks, n_complete), dim=-1)
+        selected[..., :n_complete] = torch.zeros_like(raw, dtype=torch.bool).scatter(
+            -1, top_idx, torch.isfinite(top_val)
+        )
+        scores = torch.cat([raw, scores[..., n_complete:]], dim=-1)
+        return scores, selected

@@ -1,0 +1,122 @@
+"""Gated sliding-window attention (GQA, window W, a sigmoid output gate per head).
+
+A query at position t sees keys at positions (t - W, t]. Queries are processed in tiles of
+`swa_tile` aligned positions; a tile reads a fixed set of aligned key blocks (its own and
+the `swa_blocks_per_tile - 1` before it), so every kernel call has one shape whatever the
+chunk length, and a query sits at the same row and reads the same blocks in a full forward
+and in token-by-token decode (the basis of bitwise prefill/decode agreement).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rlsys import kernels
+from rlsys.config.model import ModelConfig
+from rlsys.model.attention import (
+    AttentionProjections,
+    SeqSpan,
+    checkpointed,
+    items_to_rows,
+    rows_to_items,
+)
+from rlsys.model.aux import AuxLosses
+from rlsys.model.cache import SlidingKVCache
+
+
+class GatedSlidingWindowAttention(nn.Module):
+    """One SWA layer; `forward` serves full sequences and incremental chunks alike."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.proj = AttentionProjections(cfg, dtype)
+
+    def new_cache(self, dtype: torch.dtype, device: torch.device) -> SlidingKVCache:
+        cfg = self.cfg
+        empty = torch.zeros(0, cfg.n_kv_groups, cfg.head_dim, dtype=dtype, device=device)
+        return SlidingKVCache(k=empty, v=empty.clone())
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        spans: list[SeqSpan],
+        caches: list[SlidingKVCache],
+        aux: AuxLosses | None = None,
+    ) -> Tensor:
+        q, k, v = self.proj.qkv(x, positions)
+        outs = [
+            self._attend(
+                q[s.row : s.row + s.n], k[s.row : s.row + s.n], v[s.row : s.row + s.n], s.pos, cache
+            )
+            for s, cache in zip(spans, caches, strict=True)
+        ]
+        return self.proj.gated_output(x, torch.cat(outs, dim=0))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pos0: int, cache: SlidingKVCache) -> Tensor:
+        cfg = self.cfg
+        tile, n_back, step = cfg.swa_tile, cfg.swa_blocks_per_tile - 1, cfg.tiles_per_chunk
+        n = q.shape[0]
+        cache.append(k, v)
+        j0, j1 = pos0 // tile, (pos0 + n - 1) // tile
+        base, end = (j0 - n_back) * tile, (j1 + 1) * tile
+        kbuf = _window(cache.k, cache.start, base, end)
+        vbuf = _window(cache.v, cache.start, base, end)
+        outs = []
+        for ja in range(j0, j1 + 1, step):
+            lo, hi = max(pos0, ja * tile), min(pos0 + n, (ja + step) * tile)
+            # keys of tiles ja.. start at block ja - n_back, i.e. buffer row (ja - j0) * tile
+            keys = slice((ja - j0) * tile, (min(ja + step, j1 + 1) - j0 + n_back) * tile)
+            outs.append(
+                checkpointed(
+                    self._attend_tiles, q[lo - pos0 : hi - pos0], kbuf[keys], vbuf[keys], lo, ja
+                )
+            )
+        cache.trim_before(((pos0 + n) // tile - n_back) * tile)
+        return torch.cat(outs, dim=0)
+
+    def _attend_tiles(
+        self, q: Tensor, kbuf: Tensor, vbuf: Tensor, lo: int, first_tile: int
+    ) -> Tensor:
+        """Queries at [lo, lo + m) in tiles >= first_tile; kbuf starts at its first key block."""
+        cfg = self.cfg
+        tile, u, hkv, d = cfg.swa_tile, cfg.swa_blocks_per_tile, cfg.n_kv_groups, cfg.head_dim
+        m, dev = q.shape[0], q.device
+        rel = torch.arange(m, device=dev) + lo - first_tile * tile
+        tile_of_row, offset = rel // tile, rel % tile
+        n_tiles = int(tile_of_row[-1]) + 1
+        block_ids = torch.arange(n_tiles, device=dev)[:, None] + torch.arange(u, device=dev)
+        kb = kbuf.view(-1, tile, hkv, d)[block_ids].permute(0, 3, 1, 2, 4).reshape(-1, u, tile, d)
+        vb = vbuf.view(-1, tile, hkv, d)[block_ids].permute(0, 3, 1, 2, 4).reshape(-1, u, tile, d)
+        q_items = rows_to_items(q, tile_of_row, offset, n_tiles, tile, hkv)
+        g = cfg.n_heads // hkv
+        visible = self._visible(first_tile, n_tiles, lo, m, dev)
+        vis = visible[:, None, :, None].expand(n_tiles, hkv, tile, g, u, tile)
+        out, _ = kernels.block_attention(
+            q_items, kb, vb, vis.reshape(n_tiles * hkv, tile * g, u, tile), self.proj.scale
+        )
+        return items_to_rows(out, tile_of_row, offset, n_tiles, tile, hkv)
+
+    def _visible(self, first_tile: int, n_tiles: int, lo: int, m: int, dev: torch.device) -> Tensor:
+        """(tiles, Tq, U, S) bool: key within (t - W, t], key >= 0, query in [lo, lo + m)."""
+        cfg = self.cfg
+        tile, u = cfg.swa_tile, cfg.swa_blocks_per_tile
+        ar = torch.arange(tile, device=dev)
+        tiles = torch.arange(n_tiles, device=dev)
+        qpos = (first_tile + tiles)[:, None] * tile + ar[None, :]  # (tiles, Tq)
+        first_block = first_tile - (u - 1)
+        kpos = ((first_block + tiles[:, None] + torch.arange(u, device=dev)) * tile)[..., None] + ar
+        qp, kp = qpos[:, :, None, None], kpos[:, None, :, :]
+        present = (qp >= lo) & (qp < lo + m)
+        return (kp <= qp) & (kp > qp - cfg.swa_window) & (kp >= 0) & present
+
+
+def _window(store: Tensor, start: int, base: int, end: int) -> Tensor:
+    """Positions [base, end) of a token-major store holding [start, start + len); zeros outside."""
+    lo, hi = max(start, base), min(start + store.shape[0], end)
+    rest = store.shape[1:]
+    before = store.new_zeros(lo - base, *rest)
+    after = store.new_zeros(end - max(hi, lo), *rest)
+    return torch.cat([before, store[lo - start : max(hi, lo) - start], after], dim=0)

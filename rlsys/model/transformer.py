@@ -1,0 +1,163 @@
+"""The policy model: embedding, blocks (3:1 gated SWA : Sparse GQA, MoE FFN), LM head, MTP.
+
+Two entry points share one code path (`_trunk`):
+- `forward(tokens (B, T))`: the trainer's full-sequence forward (fresh caches per row).
+- `forward_step(chunks, caches)`: the engine's incremental forward. Each chunk is the next
+  tokens of one sequence (a prefill chunk or one decode token); all chunks are packed into
+  one batch of rows for the projections and experts, attention runs per sequence on its
+  `ModelCache`. Invariant: because every reduction is row-invariant (rlsys.kernels), a
+  token's log-probs do not depend on how its sequence was chunked or what it was batched
+  with; `tests/model/test_incremental.py` checks prefill vs token-by-token decode bitwise.
+Tensor legend: B batch, T time, N packed rows, V vocabulary, d width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from rlsys import kernels
+from rlsys.config.model import ModelConfig
+from rlsys.model.attention import SeqSpan, init_weight
+from rlsys.model.aux import AuxLosses
+from rlsys.model.block import Block
+from rlsys.model.cache import ModelCache
+from rlsys.model.moe import MoE
+from rlsys.model.mtp import MTPHead
+from rlsys.model.norm import ZeroCenteredRMSNorm
+from rlsys.model.routing import Routing
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class ModelOutput:
+    """Full-forward result. `mtp_logits[i]` (B, T, V) predicts token t + 2 + i."""
+
+    logits: Tensor
+    hidden: Tensor
+    mtp_logits: list[Tensor] = field(default_factory=list)
+
+
+class Transformer(nn.Module):
+    """Deep Sparse GQA MoE transformer built from a `ModelConfig`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.compute_dtype]
+        self.embed = init_weight((cfg.vocab_size, cfg.d_model), 1.0, self.dtype)
+        self.blocks = nn.ModuleList(
+            Block(cfg, kind, i, self.dtype) for i, kind in enumerate(cfg.layer_kinds())
+        )
+        self.final_norm = ZeroCenteredRMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = init_weight((cfg.vocab_size, cfg.d_model), cfg.init_std, self.dtype)
+        self.mtp = nn.ModuleList(MTPHead(cfg, self.dtype) for _ in range(cfg.mtp_depth))
+
+    # ---- engine: incremental ------------------------------------------------------------
+
+    def new_cache(self, device: torch.device | str = "cpu") -> ModelCache:
+        """An empty cache for one sequence (one per-layer cache per block)."""
+        dev = torch.device(device)
+        return ModelCache([b.attn.new_cache(self.dtype, dev) for b in self.blocks])
+
+    def forward_step(
+        self,
+        chunks: list[Tensor],
+        caches: list[ModelCache],
+        routing: Routing | None = None,
+        aux: AuxLosses | None = None,
+    ) -> list[Tensor]:
+        """Feed each sequence its next tokens; returns per chunk fp32 logits (n_i, V).
+
+        Positions continue from `cache.length`; caches are updated in place. A recorder
+        gets the routes of the packed rows (chunk after chunk); a replay must match them.
+        """
+        assert all(chunk.numel() > 0 for chunk in chunks), "every chunk needs a token"
+        spans, row = [], 0
+        for chunk, cache in zip(chunks, caches, strict=True):
+            spans.append(SeqSpan(row, chunk.shape[0], cache.length))
+            row += chunk.shape[0]
+        tokens = torch.cat(chunks)
+        h = self._trunk(tokens, spans, caches, routing, aux)
+        for span, cache in zip(spans, caches, strict=True):
+            cache.length += span.n
+        logits = self.logits(h)
+        return [logits[s.row : s.row + s.n] for s in spans]
+
+    # ---- trainer: full sequences --------------------------------------------------------
+
+    def forward(
+        self,
+        tokens: Tensor,
+        routing: Routing | None = None,
+        aux: AuxLosses | None = None,
+        with_mtp: bool = True,
+    ) -> ModelOutput:
+        """tokens (B, T) -> logits (B, T, V) fp32 predicting t + 1 (plus MTP heads)."""
+        bsz, t = tokens.shape
+        spans = [SeqSpan(i * t, t, 0) for i in range(bsz)]
+        caches = [self.new_cache(tokens.device) for _ in range(bsz)]
+        flat = tokens.reshape(-1)
+        h = self._trunk(flat, spans, caches, routing, aux)
+        out = ModelOutput(self.logits(h).view(bsz, t, -1), h.view(bsz, t, -1))
+        if with_mtp and len(self.mtp):
+            positions = self._positions(spans, h.device)
+            h_prev = h
+            for depth, head in enumerate(self.mtp, start=1):
+                shifted = torch.nn.functional.pad(tokens[:, depth:], (0, depth)).reshape(-1)
+                h_prev, normed = head(h_prev, self.embed[shifted].float(), positions, spans)
+                mtp_logits = kernels.linear(normed, self.lm_head).float()
+                out.mtp_logits.append(mtp_logits.view(bsz, t, -1))
+        return out
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Final norm + LM head: fp32 hidden rows (..., d) -> fp32 logits (..., V)."""
+        return kernels.linear(self.final_norm(h).to(self.dtype), self.lm_head).float()
+
+    # ---- shared ---------------------------------------------------------------------------
+
+    def _trunk(
+        self,
+        tokens: Tensor,
+        spans: list[SeqSpan],
+        caches: list[ModelCache],
+        routing: Routing | None,
+        aux: AuxLosses | None,
+    ) -> Tensor:
+        positions = self._positions(spans, tokens.device)
+        h = self.embed[tokens].float()  # the residual stream is fp32 from here on
+        for i, block in enumerate(self.blocks):
+            h = block(h, positions, spans, [c.layers[i] for c in caches], routing, aux)
+        return h
+
+    @staticmethod
+    def _positions(spans: list[SeqSpan], device: torch.device) -> Tensor:
+        return torch.cat([torch.arange(s.pos, s.pos + s.n, device=device) for s in spans])
+
+    # ---- training bookkeeping --------------------------------------------------------------
+
+    def update_balance(self) -> None:
+        """Call after each optimiser step: MoE selection-bias update from the step's load."""
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.update_balance()
+
+    def grad_clamp_counts(self) -> list[tuple[int, int]]:
+        """(clipped, seen) gradient vectors per block since the last reset."""
+        return [(b.clamp.clipped, b.clamp.seen) for b in self.blocks]
+
+    def num_parameters(self, active: bool = False) -> int:
+        """All parameters, or those one token uses (top-k of the routed experts, no MTP)."""
+        total = sum(p.numel() for p in self.parameters())
+        if not active:
+            return total
+        cfg, unused = self.cfg, 0
+        for module in self.modules():
+            if isinstance(module, MoE):
+                per_expert = sum(p.numel() for p in module.experts[0].parameters())
+                unused += per_expert * (cfg.n_experts - cfg.experts_per_token)
+        unused += sum(p.numel() for p in self.mtp.parameters())
+        return total - unused
