@@ -29,6 +29,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rlsys.actors.groups import GroupBook
 from rlsys.config.job import JobConfig
+from rlsys.ledger.queries import stats
 from rlsys.ledger.reconcile import finish_job, reconcile_leases
 from rlsys.ledger.records import PlannedRollout, Transition, new_id
 from rlsys.ledger.store import Ledger
@@ -84,6 +85,8 @@ class Controller:
         self.train_ref: Any = None
         self.train_batch: list[Any] = []
         self.stats = RunStats()
+        self.samples = 0
+        self._stop_checked = 0.0
 
     # -- planning and dispatch -----------------------------------------------------------
     def _plan_groups(self) -> None:
@@ -189,7 +192,8 @@ class Controller:
         out = ray.get(self.train_ref)
         self.train_ref = None
         batch, self.train_batch = self.train_batch, []
-        self.step += 1
+        if out["stepped"]:
+            self.step += 1
         self.version = out["version"]
         consumed = [rid for rid, _, _ in batch]
         ray.get(
@@ -215,9 +219,19 @@ class Controller:
             for rid in consumed
         ]
         self.ledger.apply(ends)
-        metrics = {**out["metrics"], "step": self.step, "policy_version": self.version}
-        self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
         self.stream.ack([e for _, e, _ in batch])  # only now: the step is committed
+        if not out["stepped"]:
+            return  # everything was filtered: no new version, nothing to publish
+        elapsed = time.time() - self.stats.started
+        self.samples += len(consumed)
+        metrics = {
+            **out["metrics"],
+            "step": self.step,
+            "policy_version": self.version,
+            "drop_rate": stats(self.ledger, self.job_id)["drop_rate"],
+            "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
+        }
+        self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
         self.broadcast_weights()
         self.stats.steps.append(metrics)
         self.on_step(metrics)
@@ -232,9 +246,11 @@ class Controller:
         status = "completed"
         try:
             while self.step < self.cfg.trainer.steps:
-                if self.should_stop():
-                    status = "stopped"
-                    break
+                if time.time() - self._stop_checked > 1.0:
+                    self._stop_checked = time.time()
+                    if self.should_stop():
+                        status = "stopped"
+                        break
                 self._plan_groups()
                 self._dispatch()
                 self._maybe_start_step()

@@ -75,4 +75,12 @@ def scaffold_config(cfg: JobConfig) -> ScaffoldConfig:
         "max_new_tokens": cfg.sampling.max_tokens_per_turn,
         "candidate_cap": cfg.engine.candidate_cap,
     }
-    return ScaffoldConfig.model_validate(data)
+    scaffold = ScaffoldConfig.model_validate(data)
+    turn = scaffold.max_new_tokens + scaffold.max_observation_tokens
+    if turn >= scaffold.context_budget:
+        raise ValueError(
+            f"one turn (sampling.max_tokens_per_turn {scaffold.max_new_tokens} + "
+            f"rollout.scaffold.max_observation_tokens {scaffold.max_observation_tokens}) does not "
+            f"fit the context budget {scaffold.context_budget} (engine.max_context_tokens)"
+        )
+    return scaffold
