@@ -19,6 +19,7 @@ COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "ledger": ("rlsys.cli.ledger_cmd", "ledger"),
     "sandbox": ("rlsys.cli.sandbox_cmd", "sandbox"),
     "model": ("rlsys.cli.model_cmd", "model"),
+    "align": ("rlsys.cli.align_cmd", "align"),
     "run": ("rlsys.cli.run_cmd", "run"),
     "submit": ("rlsys.cli.run_cmd", "submit"),
     "jobs": ("rlsys.cli.jobs_cmd", "jobs"),

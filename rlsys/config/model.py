@@ -80,6 +80,10 @@ class ModelConfig(BaseModel):
             raise ValueError("sparse_query_tile must be a multiple of sparse_block")
         if self.experts_per_token > self.n_experts:
             raise ValueError("experts_per_token must be <= n_experts")
+        # Row-parallel reductions always run as 8 fixed chunks (rlsys.kernels.tp.SPLITS), at
+        # every TP degree, TP=1 included: that is what makes log-probs TP-invariant.
+        if (self.n_heads * self.head_dim) % 8 or self.expert_hidden % 8:
+            raise ValueError("n_heads * head_dim and expert_hidden must be multiples of 8")
         return self
 
     # ---- derived shape facts (torch-free) -------------------------------------------------

@@ -49,6 +49,9 @@ class GenerationResult:
     candidate_ids: list[list[int]] = field(default_factory=list)
     candidate_capped: list[bool] = field(default_factory=list)
     routed_experts: Any = None  # engine-defined compact payload, one entry per token
+    # Routes of the prompt's input rows [0, len(prompt) - 1) (row r = the token at position
+    # r fed to the model); with `routed_experts` they cover every row of prompt + tokens[:-1].
+    prompt_routed_experts: Any = None
     finish_reason: FinishReason = "stop"
     error: str | None = None
     prefix_cache_hit_tokens: int = 0

@@ -92,15 +92,26 @@ class MoE(nn.Module):
         if isinstance(routing, RoutingReplay):
             idx, gates = routing.lookup(self.layer)
             idx = idx.to(scores.device)
+            if routing.rows is not None:  # rows without a record: the router's own choice
+                rows = routing.rows.to(scores.device).unsqueeze(-1)
+                own = self._select(scores)
+                idx = torch.where(rows, idx, own)
+                if gates is not None:
+                    own_gates = kernels.normalize_rows(scores.gather(-1, own))
+                    gates = torch.where(rows, gates.to(scores.device), own_gates)
             if gates is None:
                 gates = kernels.normalize_rows(scores.gather(-1, idx))
             return idx, gates.to(scores.device)
-        biased = scores.detach() + self.expert_bias
-        idx = biased.topk(self.cfg.experts_per_token, dim=-1).indices
+        idx = self._select(scores)
         gates = kernels.normalize_rows(scores.gather(-1, idx))
         if isinstance(routing, RoutingRecorder):
             routing.add(self.layer, idx, gates)
         return idx, gates
+
+    def _select(self, scores: Tensor) -> Tensor:
+        """Top-k experts by biased score (the bias picks experts, never weighs them)."""
+        biased = scores.detach() + self.expert_bias
+        return biased.topk(self.cfg.experts_per_token, dim=-1).indices
 
     def _run_experts(self, x: Tensor, idx: Tensor) -> Tensor:
         """(N, k, d): expert idx[t, j] applied to token t, in slot j."""

@@ -1,0 +1,52 @@
+"""Configuration of one inference engine (one replica), importable without torch.
+
+Invariant: nothing here changes a token's numerics. Batch limits, the prefill budget per
+step, the prefix-cache capacity and the TP degree decide only *when* and *where* a token is
+computed; the batch-invariant kernels make its log-probs independent of all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineConfig(BaseModel):
+    """Limits and layout of one engine replica."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_running: int = Field(16, ge=1, le=4096, description="Sequences batched per step.")
+    max_context_tokens: int = Field(
+        1024, ge=2, description="Context budget per sequence: prompt + generated tokens."
+    )
+    max_step_tokens: int = Field(
+        512, ge=1, description="Token rows per forward step (decode rows first, then prefill)."
+    )
+    candidate_cap: int = Field(
+        64, ge=1, description="Max recorded candidates per token (requests may ask for fewer)."
+    )
+    prefix_cache_tokens: int = Field(
+        200_000, ge=0, description="Prefix cache capacity in cached tokens (0 = off)."
+    )
+    tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree.")
+    tp_backend: Literal["threads", "gloo"] = Field(
+        "threads",
+        description="TP ranks as threads of this process, or as gloo processes (torch.distributed).",
+    )
+    seed: int = Field(0, description="Seeds requests that carry no seed of their own.")
+    device: str = Field("cpu", description="Torch device of the model (TP runs on CPU).")
+
+    @classmethod
+    def from_job(cls, engine_section: Any, seed: int, **overrides: Any) -> EngineConfig:
+        """The engine part of a job config's `engine` section (replica/Ray fields dropped)."""
+        return cls(
+            max_running=engine_section.max_running,
+            max_context_tokens=engine_section.max_context_tokens,
+            candidate_cap=engine_section.candidate_cap,
+            prefix_cache_tokens=engine_section.prefix_cache_tokens,
+            tp=engine_section.tp,
+            seed=seed,
+            **overrides,
+        )

@@ -1,0 +1,275 @@
+"""The engine's synchronous core: continuous batching over a model runner, one step at a time.
+
+Each `step()` admits waiting requests (prefix-cache lookup first), packs one decode row for
+every sequence that has a sampled token to feed plus prefill chunks of the others (within
+`max_step_tokens`) into ONE forward step, then samples for every sequence whose rows are
+all fed. Requests join and leave at every step.
+
+Invariants:
+- A token's log-probs depend only on its sequence (batch-invariant kernels): not on the
+  batch, the chunking of its prefill, a prefix-cache hit or the TP degree.
+- Every generated token records the policy version of the weights that produced it. A
+  weight update recomputes the caches of in-flight sequences under the new weights (their
+  next rows are a fresh prefill), so every token is exactly its version's full-forward
+  sample; prefix-cache entries of the old version are dropped.
+- A failed request (bad input, or a runner error while it was in flight) finishes with
+  `finish_reason="error"` and a message; the core keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlsys.config.model import ModelConfig
+from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
+from rlsys.engine.config import EngineConfig
+from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
+from rlsys.engine.route_log import RouteLog
+from rlsys.engine.runner import ModelRunner
+from rlsys.engine.sampler import request_seed, sample
+from rlsys.engine.sequence import Sequence
+from rlsys.engine.validation import request_error
+from rlsys.tokenizer import ByteTokenizer
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    version: int
+    running: int
+    waiting: int
+    steps: int
+    generated_tokens: int
+    forward_rows: int
+    tokens_per_s: float
+    prompt_tokens: int
+    prefix_cache_hit_tokens: int
+    prefix_cache_hit_rate: float
+    prefix_cache_entries: int
+
+
+class EngineCore:
+    """Scheduler + sampler over a `ModelRunner` (see module doc)."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        engine_cfg: EngineConfig,
+        runner: ModelRunner,
+        version: int = 0,
+        tokenizer: ByteTokenizer | None = None,
+    ) -> None:
+        self.model_cfg, self.cfg, self.runner, self.version = model_cfg, engine_cfg, runner, version
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.prefix = PrefixCache(engine_cfg.prefix_cache_tokens, runner.free_cache)
+        self.steps = self.generated_tokens = self.forward_rows = 0
+        self._busy_s = 0.0
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> GenerationResult | None:
+        """Queue a request; returns its error result at once if it cannot run."""
+        error = request_error(request, self.model_cfg.vocab_size, self.cfg.max_context_tokens)
+        if error is None and self._find(request.request_id) is not None:
+            error = f"request_id {request.request_id!r} is already in flight"
+        if error is not None:
+            return GenerationResult(
+                request.request_id,
+                finish_reason="error",
+                error=error,
+                prompt_tokens=len(request.prompt_ids),
+            )
+        s = request.sampling
+        rng = torch.Generator().manual_seed(request_seed(s.seed, self.cfg.seed, request.request_id))
+        self.waiting.append(
+            Sequence(
+                request,
+                rng,
+                min(self.cfg.candidate_cap, s.candidate_cap),
+                [self.tokenizer.encode(text) for text in s.stop_strings],
+                RouteLog(self.model_cfg.n_experts),
+            )
+        )
+        return None
+
+    def abort(self, request_id: str) -> GenerationResult | None:
+        """Stop a request now; returns its partial result (None if unknown)."""
+        seq = self._find(request_id)
+        if seq is None:
+            return None
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+        return self._close(seq, "abort")
+
+    def update_weights(self, state: Mapping[str, Tensor], version: int) -> None:
+        """Load version `version`; in-flight sequences continue, recomputed under it."""
+        self.runner.load_state_dict(state)
+        self.version = version
+        self.prefix.clear()
+        for seq in self.running:
+            self.runner.free_cache(seq.cache_key)
+            seq.cache_key = self.runner.new_cache()
+            seq.num_cached, seq.ready_logits = 0, None
+            seq.routes.clear()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ----------------------------------------------------------------------
+
+    def step(self) -> list[GenerationResult]:
+        """Admit, run one packed forward, sample; returns the requests that finished."""
+        started = time.perf_counter()
+        self._admit()
+        try:
+            self._forward()
+        except Exception as err:  # a runner failure fails the batch in flight, not the engine
+            failed = [
+                self._close(seq, "error", f"engine step failed: {err!r}") for seq in self.running
+            ]
+            self.running = []
+            return failed
+        finished = self._sample_ready()
+        self.steps += 1
+        self._busy_s += time.perf_counter() - started
+        return finished
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.cfg.max_running:
+            seq = self.waiting.popleft()
+            entry = (
+                self.prefix.lookup(seq.tokens, self.version)
+                if self.cfg.prefix_cache_tokens
+                else None
+            )
+            if entry is None:
+                seq.cache_key = self.runner.new_cache()
+            else:
+                hit = len(entry.tokens)
+                seq.cache_key = self.runner.fork_cache(entry.cache_key)
+                seq.num_cached = hit
+                seq.routes.extend(entry.routes, hit)
+                seq.result.prefix_cache_hit_tokens = hit
+                if hit == seq.prompt_len:
+                    seq.ready_logits = entry.last_logits
+            self.running.append(seq)
+
+    def _forward(self) -> None:
+        budget = self.cfg.max_step_tokens
+        todo = [s for s in self.running if s.ready_logits is None]
+        # decode rows first (one each) so a long prefill never stalls running sequences
+        todo.sort(key=lambda s: s.num_pending > 1)
+        batch: list[tuple[Sequence, list[int]]] = []
+        for seq in todo:
+            if budget <= 0:
+                break
+            n = min(seq.num_pending, budget)
+            batch.append((seq, seq.tokens[seq.num_cached : seq.num_cached + n]))
+            budget -= n
+        if not batch:
+            return
+        out = self.runner.step([s.cache_key for s, _ in batch], [c for _, c in batch])
+        row = 0
+        for i, (seq, chunk) in enumerate(batch):
+            if out.routes is not None:
+                seq.routes.append(out.routes.select(slice(row, row + len(chunk))))
+            row += len(chunk)
+            seq.num_cached += len(chunk)
+            if seq.num_pending == 0:
+                seq.ready_logits = out.last_logits[i]
+        self.forward_rows += row
+
+    def _sample_ready(self) -> list[GenerationResult]:
+        finished = []
+        for seq in [s for s in self.running if s.ready_logits is not None]:
+            logits, seq.ready_logits = seq.ready_logits, None
+            if seq.num_generated == 0:
+                self._remember_prompt(seq, logits)
+            tok = sample(logits, seq.request.sampling, seq.candidate_cap, seq.rng)
+            res = seq.result
+            res.token_ids.append(tok.token_id)
+            res.logprobs.append(tok.logprob)
+            res.versions.append(self.version)
+            res.candidate_ids.append(tok.candidates)
+            res.candidate_capped.append(tok.capped)
+            res.routed_experts.append(seq.routes.row(len(seq.tokens) - 1))
+            seq.tokens.append(tok.token_id)
+            self.generated_tokens += 1
+            reason = seq.stop_reason(self.cfg.max_context_tokens)
+            if reason is not None:
+                self.running.remove(seq)
+                finished.append(self._finish(seq, reason, logits))
+        return finished
+
+    # ---- prefix cache ------------------------------------------------------------------
+
+    def _remember_prompt(self, seq: Sequence, logits: Tensor) -> None:
+        """Snapshot the cache right after the prompt (serves a group's identical prompts)."""
+        prompt = tuple(seq.request.prompt_ids)
+        if not self.cfg.prefix_cache_tokens or prompt in self.prefix:
+            return
+        routes = RouteLog(self.model_cfg.n_experts)
+        routes.extend(seq.routes, len(prompt))
+        key = self.runner.fork_cache(seq.cache_key)
+        self.prefix.insert(PrefixEntry(prompt, key, logits, routes, self.version))
+
+    def _finish(self, seq: Sequence, reason: FinishReason, logits: Tensor) -> GenerationResult:
+        """Hand the finished cache (covering tokens[:-1]) to the prefix cache."""
+        result = self._result(seq, reason)
+        if self.cfg.prefix_cache_tokens:
+            covered = tuple(seq.tokens[: seq.num_cached])
+            self.prefix.insert(
+                PrefixEntry(covered, seq.cache_key, logits, seq.routes, self.version)
+            )
+        else:
+            self.runner.free_cache(seq.cache_key)
+        seq.cache_key = None
+        return result
+
+    def _close(
+        self, seq: Sequence, reason: FinishReason, error: str | None = None
+    ) -> GenerationResult:
+        if seq.cache_key is not None:
+            self.runner.free_cache(seq.cache_key)
+            seq.cache_key = None
+        result = self._result(seq, reason)
+        result.error = error
+        return result
+
+    def _result(self, seq: Sequence, reason: FinishReason) -> GenerationResult:
+        res = seq.result
+        res.finish_reason = reason
+        rows = min(seq.prompt_len - 1, seq.routes.rows)
+        if seq.routes.rows:
+            res.prompt_routed_experts = seq.routes.slice(0, rows)
+        return res
+
+    def _find(self, request_id: str) -> Sequence | None:
+        for seq in [*self.running, *self.waiting]:
+            if seq.request.request_id == request_id:
+                return seq
+        return None
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            version=self.version,
+            running=len(self.running),
+            waiting=len(self.waiting),
+            steps=self.steps,
+            generated_tokens=self.generated_tokens,
+            forward_rows=self.forward_rows,
+            tokens_per_s=self.generated_tokens / self._busy_s if self._busy_s else 0.0,
+            prompt_tokens=self.prefix.prompt_tokens,
+            prefix_cache_hit_tokens=self.prefix.hit_tokens,
+            prefix_cache_hit_rate=self.prefix.hit_rate,
+            prefix_cache_entries=len(self.prefix),
+        )

@@ -1,0 +1,55 @@
+"""The routed experts of one sequence's input rows, in compact dtypes.
+
+Row r holds the experts (every MoE layer) chosen for the token at position r when it was
+fed to the model; its logits predicted token r + 1. So a result's per-token
+`routed_experts[i]` is row `prompt_len - 1 + i` (the row that produced generated token i),
+and `prompt_routed_experts` holds rows [0, prompt_len - 1): together they cover every input
+row of `prompt + generated[:-1]`, exactly the rows of the trainer's forward over them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlsys.model import RoutedExperts
+
+
+class RouteLog:
+    """Append-only (until `clear`) compact routes: ids uint8/int16, gates fp32."""
+
+    def __init__(self, n_experts: int) -> None:
+        self.n_experts = n_experts
+        self._parts: list[dict[str, Tensor]] = []
+        self.rows = 0
+
+    def append(self, routes: RoutedExperts) -> None:
+        self._parts.append(routes.to_compact(self.n_experts))
+        self.rows += routes.num_tokens
+
+    def extend(self, other: RouteLog, rows: int) -> None:
+        """Take the first `rows` rows of `other` (a prefix-cache entry's log)."""
+        if rows:
+            self._parts.append(other.slice(0, rows))
+            self.rows += rows
+
+    def clear(self) -> None:
+        self._parts, self.rows = [], 0
+
+    def slice(self, start: int, stop: int) -> dict[str, Tensor]:
+        """Rows [start, stop) as {"indices": (L, n, k), "gates": (L, n, k)}."""
+        assert 0 <= start <= stop <= self.rows, (start, stop, self.rows)
+        if len(self._parts) > 1:  # compact once so later slices are cheap
+            self._parts = [
+                {
+                    key: torch.cat([p[key] for p in self._parts], dim=1)
+                    for key in ("indices", "gates")
+                }
+            ]
+        if not self._parts:
+            raise ValueError("no routes recorded")
+        return {key: t[:, start:stop].contiguous() for key, t in self._parts[0].items()}
+
+    def row(self, r: int) -> dict[str, Tensor]:
+        """One row as {"indices": (L, k), "gates": (L, k)} (a token's routed experts)."""
+        return {key: t[:, 0] for key, t in self.slice(r, r + 1).items()}

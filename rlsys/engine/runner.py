@@ -1,0 +1,120 @@
+"""Model runners: what the scheduler calls to run one packed forward step.
+
+A runner owns the weights and every sequence's `ModelCache`, addressed by integer keys, so
+the scheduler never touches tensors of the model: the same scheduler drives one local model
+(`LocalRunner`), TP shards as threads, or TP shards as gloo processes (`rlsys.engine.tp_*`).
+
+Invariants:
+- `step` feeds chunk i to cache keys[i] in ONE `forward_step` (prefill and decode rows
+  packed together) and returns, per chunk, the fp32 logits of its last row, on the CPU.
+- `fork_cache` is a snapshot: the model's caches never write a tensor in place (appends
+  build new tensors, trims take views), so a shallow copy shares storage safely and the
+  snapshot keeps its length while the original grows.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from rlsys.config.model import ModelConfig
+from rlsys.model import ModelCache, RoutedExperts, RoutingRecorder, Transformer
+
+
+@dataclass
+class StepOutput:
+    last_logits: Tensor  # (n_chunks, V) fp32, CPU
+    routes: RoutedExperts | None  # routes of all packed rows, chunk after chunk
+
+
+class ModelRunner(Protocol):
+    def new_cache(self) -> int: ...
+    def fork_cache(self, key: int) -> int: ...
+    def free_cache(self, key: int) -> None: ...
+    def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput: ...
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None: ...
+    def close(self) -> None: ...
+
+
+def snapshot(cache: ModelCache) -> ModelCache:
+    """A copy that shares tensors (see module doc: caches are never written in place)."""
+    return ModelCache([copy.copy(layer) for layer in cache.layers], cache.length)
+
+
+class CacheTable:
+    """Key -> ModelCache, shared by the in-process runners."""
+
+    def __init__(self, model: Transformer, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.caches: dict[int, ModelCache] = {}
+        self._keys = itertools.count()
+
+    def new(self) -> int:
+        key = next(self._keys)
+        self.caches[key] = self.model.new_cache(self.device)
+        return key
+
+    def fork(self, key: int) -> int:
+        new = next(self._keys)
+        self.caches[new] = snapshot(self.caches[key])
+        return new
+
+    def free(self, key: int) -> None:
+        self.caches.pop(key, None)
+
+    def forward(
+        self, keys: list[int], chunks: list[list[int]], record: bool
+    ) -> tuple[list[Tensor], RoutedExperts | None]:
+        tensors = [torch.tensor(c, dtype=torch.long, device=self.device) for c in chunks]
+        recorder = RoutingRecorder() if record else None
+        with torch.inference_mode():
+            logits = self.model.forward_step(
+                tensors, [self.caches[k] for k in keys], routing=recorder
+            )
+        return logits, recorder.routes() if recorder is not None else None
+
+
+class LocalRunner:
+    """TP=1: the whole model in this process (CPU or one GPU)."""
+
+    def __init__(
+        self, cfg: ModelConfig, state: Mapping[str, Tensor] | None, device: str = "cpu"
+    ) -> None:
+        self.device = torch.device(device)
+        model = Transformer(cfg).eval()
+        if state is not None:
+            model.load_state_dict(state)
+        self.model = model.to(self.device)
+        self.table = CacheTable(self.model, self.device)
+
+    def new_cache(self) -> int:
+        return self.table.new()
+
+    def fork_cache(self, key: int) -> int:
+        return self.table.fork(key)
+
+    def free_cache(self, key: int) -> None:
+        self.table.free(key)
+
+    def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
+        logits, routes = self.table.forward(keys, chunks, record=True)
+        last = torch.stack([rows[-1] for rows in logits]).float().cpu()
+        return StepOutput(last, routes_to_cpu(routes))
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    def close(self) -> None:
+        self.table.caches.clear()
+
+
+def routes_to_cpu(routes: RoutedExperts | None) -> RoutedExperts | None:
+    if routes is None:
+        return None
+    return RoutedExperts(routes.indices.cpu(), routes.gates.cpu())

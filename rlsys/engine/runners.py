@@ -1,0 +1,37 @@
+"""Registry of model runners: TP=1 runs locally; TP>1 by `EngineConfig.tp_backend`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from torch import Tensor
+
+from rlsys.config.model import ModelConfig
+from rlsys.engine.config import EngineConfig
+from rlsys.engine.runner import LocalRunner, ModelRunner
+
+RunnerFactory = Callable[[ModelConfig, Mapping[str, Tensor] | None, int], ModelRunner]
+
+
+def _threads(cfg: ModelConfig, state: Mapping[str, Tensor] | None, tp: int) -> ModelRunner:
+    from rlsys.engine.tp_threads import ThreadedTPRunner
+
+    return ThreadedTPRunner(cfg, state, tp)
+
+
+def _gloo(cfg: ModelConfig, state: Mapping[str, Tensor] | None, tp: int) -> ModelRunner:
+    from rlsys.engine.tp_gloo import GlooTPRunner
+
+    return GlooTPRunner(cfg, state, tp)
+
+
+TP_BACKENDS: dict[str, RunnerFactory] = {"threads": _threads, "gloo": _gloo}
+
+
+def make_runner(
+    cfg: ModelConfig, engine_cfg: EngineConfig, state: Mapping[str, Tensor] | None
+) -> ModelRunner:
+    """The runner for `engine_cfg` (weights from `state`, else the model's own init)."""
+    if engine_cfg.tp == 1:
+        return LocalRunner(cfg, state, engine_cfg.device)
+    return TP_BACKENDS[engine_cfg.tp_backend](cfg, state, engine_cfg.tp)

@@ -1,0 +1,61 @@
+"""One request's state inside the engine.
+
+Invariants:
+- `tokens` is prompt + generated; the runner cache `cache_key` covers tokens[:num_cached].
+- The rows still to feed are tokens[num_cached:]; when none are left, `ready_logits` holds
+  the logits of the last row and the next step samples from them.
+- `routes` holds the routed experts of input rows [0, num_cached) (see route_log).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
+from rlsys.engine.route_log import RouteLog
+
+
+@dataclass
+class Sequence:
+    request: GenerationRequest
+    rng: torch.Generator
+    candidate_cap: int
+    stop_sequences: list[list[int]]
+    routes: RouteLog
+    tokens: list[int] = field(default_factory=list)
+    cache_key: int | None = None
+    num_cached: int = 0
+    ready_logits: Tensor | None = None
+    result: GenerationResult = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.request.prompt_ids)
+        self.result = GenerationResult(
+            self.request.request_id, prompt_tokens=len(self.tokens), routed_experts=[]
+        )
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.tokens) - self.num_cached
+
+    def stop_reason(self, max_context: int) -> FinishReason | None:
+        """Why generation ends after the newest token (stop before length), or None."""
+        gen = self.tokens[self.prompt_len :]
+        if gen[-1] in self.request.sampling.stop_token_ids:
+            return "stop"
+        if any(len(s) <= len(gen) and gen[-len(s) :] == s for s in self.stop_sequences):
+            return "stop"
+        if len(gen) >= self.request.sampling.max_tokens or len(self.tokens) >= max_context:
+            return "length"
+        return None

@@ -1,0 +1,157 @@
+"""TP over real torch.distributed ranks: one spawned process per rank, gloo collectives.
+
+The driver (the engine's scheduler) sends every rank the same command over a pipe; the
+ranks run their shard (`rlsys.engine.tp_shard`) and all-gather row-parallel subtotals with
+`dist.all_gather`, summing them in the fixed tree order (never `all_reduce`, whose order is
+the backend's). Rank 0 returns the logits and routes; every rank acknowledges each command
+so an error on any rank surfaces in the driver.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from rlsys.config.model import ModelConfig
+from rlsys.engine.runner import CacheTable, StepOutput
+from rlsys.engine.tp_shard import build_shard, load_shard
+from rlsys.model import Transformer
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _gather(tensor: Tensor) -> list[Tensor]:
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor)
+    return out
+
+
+class _Rank:
+    """One worker process's shard and caches; `handle` runs one driver command."""
+
+    def __init__(self, rank: int, degree: int, cfg: ModelConfig) -> None:
+        self.rank, self.degree, self.cfg = rank, degree, cfg
+        self.table: CacheTable | None = None
+
+    def handle(self, op: str, args: Any) -> Any:
+        if op == "load":
+            if self.table is None:
+                shard = build_shard(self.cfg, args, self.degree, self.rank, _gather)
+                self.table = CacheTable(shard, torch.device("cpu"))
+            else:
+                load_shard(self.table.model, self.cfg, args)
+            return None
+        table = self.table
+        assert table is not None, "weights are loaded first"
+        if op == "new":
+            return table.new()
+        if op == "fork":
+            return table.fork(args)
+        if op == "free":
+            return table.free(args)
+        if op == "step":
+            keys, chunks = args
+            logits, routes = table.forward(keys, chunks, record=self.rank == 0)
+            if self.rank:
+                return None
+            return torch.stack([rows[-1] for rows in logits]).float(), routes
+        raise ValueError(f"unknown op {op!r}")
+
+
+def _worker(rank: int, degree: int, port: int, cfg_data: dict[str, Any], conn: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=degree,
+        timeout=timedelta(seconds=120),
+    )
+    me = _Rank(rank, degree, ModelConfig.model_validate(cfg_data))
+    try:
+        while True:
+            op, args = conn.recv()
+            if op == "close":
+                conn.send(("ok", None))
+                return
+            try:
+                conn.send(("ok", me.handle(op, args)))
+            except Exception as err:  # reported to the driver, which raises it
+                conn.send(("error", f"rank {rank}: {err!r}"))
+    finally:
+        dist.destroy_process_group()
+
+
+class GlooTPRunner:
+    """A `ModelRunner` over `degree` gloo processes (CPU)."""
+
+    def __init__(self, cfg: ModelConfig, state: Mapping[str, Tensor] | None, degree: int) -> None:
+        # forkserver with torch + this module preloaded: ranks start by fork of one warm
+        # process (no threads forked), instead of each importing torch again (seconds each)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "rlsys.engine.tp_gloo"])
+        port = _free_port()
+        self.conns, self.procs = [], []
+        for rank in range(degree):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_worker, args=(rank, degree, port, cfg.model_dump(), child), daemon=True
+            )
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        full = state if state is not None else Transformer(cfg).state_dict()
+        self._all("load", {k: v.detach().cpu() for k, v in full.items()})
+
+    def _all(self, op: str, args: Any = None) -> list[Any]:
+        for conn in self.conns:
+            conn.send((op, args))
+        replies = [conn.recv() for conn in self.conns]
+        errors = [value for status, value in replies if status == "error"]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return [value for _, value in replies]
+
+    def new_cache(self) -> int:
+        return _same(self._all("new"))
+
+    def fork_cache(self, key: int) -> int:
+        return _same(self._all("fork", key))
+
+    def free_cache(self, key: int) -> None:
+        self._all("free", key)
+
+    def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
+        last, routes = self._all("step", (keys, chunks))[0]
+        return StepOutput(last, routes)
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self._all("load", {k: v.detach().cpu() for k, v in state.items()})
+
+    def close(self) -> None:
+        if not self.procs:
+            return
+        try:
+            self._all("close")
+        finally:
+            for proc in self.procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
+            self.procs = []
+
+
+def _same(keys: list[int]) -> int:
+    assert len(set(keys)) == 1, f"rank cache tables diverged: {keys}"
+    return keys[0]

@@ -1,0 +1,36 @@
+"""`rlsys align` on the quickstart config: 0.0 for every TP degree; user errors exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rlsys.cli.align_cmd import align
+from rlsys.cli.errors import UserError
+
+pytestmark = pytest.mark.unit
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+
+
+def test_quickstart_is_bitwise_aligned_at_every_tp_degree() -> None:
+    result = CliRunner().invoke(align, [str(QUICKSTART), "--tp", "1,2,4,8", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert sorted(report["tp"]) == ["1", "2", "4", "8"]
+    for row in report["tp"].values():
+        assert row["max_abs_logprob_diff"] == 0.0
+        assert row["num_tokens"] > 0 and row["prefix_cache_hit_tokens"] > 0
+
+
+def test_bad_tp_list_and_bad_config_are_user_errors(tmp_path: Path) -> None:
+    result = CliRunner().invoke(align, [str(QUICKSTART), "--tp", "1,3"])
+    assert isinstance(result.exception, UserError) and "1,2,4,8" in str(result.exception)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine:\n  max_running: 0\n")
+    result = CliRunner().invoke(align, [str(bad)])
+    assert isinstance(result.exception, UserError)
+    assert "engine.max_running" in str(result.exception)

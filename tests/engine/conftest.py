@@ -1,0 +1,70 @@
+"""Shared helpers: a tiny model with fixed weights, an engine core over it, a trainer recompute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlsys.config.model import ModelConfig, preset
+from rlsys.engine.api import GenerationRequest, GenerationResult, SamplingParams
+from rlsys.engine.config import EngineConfig
+from rlsys.engine.core import EngineCore
+from rlsys.engine.runners import make_runner
+from rlsys.engine.sampler import behaviour_log_probs
+from rlsys.model import Transformer
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():  # type: ignore[no-untyped-def]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(dtype: str = "float32", seed: int = 0) -> tuple[ModelConfig, Transformer]:
+    cfg = preset("tiny").with_overrides({"compute_dtype": dtype})
+    torch.manual_seed(seed)
+    return cfg, Transformer(cfg).eval()
+
+
+def make_core(cfg: ModelConfig, model: Transformer, **engine: object) -> EngineCore:
+    ecfg = EngineConfig(**{"max_context_tokens": 256, **engine})  # type: ignore[arg-type]
+    return EngineCore(cfg, ecfg, make_runner(cfg, ecfg, model.state_dict()))
+
+
+def run_all(core: EngineCore, requests: list[GenerationRequest]) -> dict[str, GenerationResult]:
+    done: dict[str, GenerationResult] = {}
+    for req in requests:
+        error = core.add(req)
+        if error is not None:
+            done[req.request_id] = error
+    while core.has_work():
+        done.update({r.request_id: r for r in core.step()})
+    return done
+
+
+def request(rid: str, prompt: list[int], **sampling: object) -> GenerationRequest:
+    params = SamplingParams(**{"max_tokens": 10, "seed": 7, **sampling})  # type: ignore[arg-type]
+    return GenerationRequest(rid, rid, prompt, params)
+
+
+def trainer_log_probs(
+    model: Transformer, prompt: list[int], res: GenerationResult, temperature: float = 1.0
+) -> torch.Tensor:
+    """What the trainer recomputes: full forward over prompt + tokens, candidate log-probs."""
+    seq = prompt + res.token_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([seq[:-1]]), with_mtp=False).logits[0]
+    width = max(len(c) for c in res.candidate_ids)
+    cand = torch.full((len(res.token_ids), width), -1, dtype=torch.long)
+    for j, ids in enumerate(res.candidate_ids):
+        cand[j, : len(ids)] = torch.tensor(ids)
+    return behaviour_log_probs(
+        logits[len(prompt) - 1 :], torch.tensor(res.token_ids), cand, temperature
+    )
+
+
+def prompts(n: int, seed: int = 1, vocab: int = 64) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (3 + 11 * i,), generator=gen).tolist() for i in range(n)]

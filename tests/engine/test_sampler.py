@@ -1,0 +1,55 @@
+"""Sampling: candidate sets (top-k, top-p, cap), seeded determinism, the recorded log-prob."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlsys.engine.api import SamplingParams
+from rlsys.engine.sampler import candidate_set, sample
+from rlsys.model import token_log_probs
+
+pytestmark = pytest.mark.unit
+
+
+def test_top_p_keeps_the_shortest_prefix_reaching_the_mass() -> None:
+    z = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert candidate_set(z, 0, 0.45, 10)[0].tolist() == [0]
+    assert candidate_set(z, 0, 0.79, 10)[0].tolist() == [0, 1]
+    assert candidate_set(z, 0, 0.81, 10)[0].tolist() == [0, 1, 2]
+    assert candidate_set(z, 2, 1.0, 10)[0].tolist() == [0, 1]
+
+
+def test_cap_cuts_the_tail_and_says_so() -> None:
+    z = torch.zeros(10)
+    ids, capped = candidate_set(z, 0, 1.0, 4)
+    assert ids.tolist() == [0, 1, 2, 3] and capped  # ties: lower id first
+    assert not candidate_set(z, 4, 1.0, 4)[1]
+
+
+def test_sampled_token_is_in_its_candidates_with_the_restricted_log_prob() -> None:
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 3
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=20)
+    tok = sample(logits, params, 8, torch.Generator().manual_seed(1))
+    assert tok.token_id in tok.candidates and len(tok.candidates) <= 8
+    cand = torch.tensor([tok.candidates])
+    expected = token_log_probs((logits / 0.7)[None], torch.tensor([tok.token_id]), cand)
+    assert tok.logprob == float(expected[0])
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
+    logits = torch.zeros(64)
+    params = SamplingParams()
+
+    def draw(seed: int) -> list[int]:
+        rng = torch.Generator().manual_seed(seed)
+        return [sample(logits, params, 64, rng).token_id for _ in range(20)]
+
+    assert draw(3) == draw(3)
+    assert draw(3) != draw(4)
+
+
+def test_top_k_one_is_greedy_with_log_prob_zero() -> None:
+    logits = torch.tensor([0.1, 2.0, 1.9])
+    tok = sample(logits, SamplingParams(top_k=1), 64, torch.Generator())
+    assert tok.token_id == 1 and tok.logprob == 0.0 and tok.candidates == [1]
