@@ -86,11 +86,19 @@ class Controller:
         self.train_batch: list[Any] = []
         self.stats = RunStats()
         self.samples = 0
+        self.consecutive_failures = 0
         self._stop_checked = 0.0
 
     # -- planning and dispatch -----------------------------------------------------------
     def _plan_groups(self) -> None:
-        while self.book.open_groups < self.cfg.rollout.groups_in_flight:
+        # Plan only what the remaining steps can consume, so a finished job leaves (almost)
+        # nothing in flight to cancel: cancelled rollouts count as dropped.
+        in_step = (
+            len({rid.split(":")[0] for rid, _, _ in self.train_batch})
+            and self.cfg.trainer.groups_per_step
+        )
+        needed = (self.cfg.trainer.steps - self.step) * self.cfg.trainer.groups_per_step - in_step
+        while self.book.open_groups < min(self.cfg.rollout.groups_in_flight, needed):
             gid, index = new_id("g"), self.rng.randrange(1 << 30)
             planned = [
                 PlannedRollout(gid, f"task-{index}") for _ in range(self.cfg.rollout.group_size)
@@ -131,10 +139,21 @@ class Controller:
             return
         rid = result["rollout_id"]
         if result["state"] == S.SCORED.value:
+            self.consecutive_failures = 0
             entry = self.stream.publish(rid, pickle.dumps(result["trajectory"]))
             self.book.scored(rid, entry, result["trajectory"])
-        else:
-            self.book.failed(rid)
+            return
+        self.book.failed(rid)
+        self.consecutive_failures += 1
+        limit = max(32, 4 * self.cfg.rollout.group_size * self.cfg.rollout.groups_in_flight)
+        if self.consecutive_failures >= limit:
+            # A systematic failure (broken sandbox, engine, task) must end the job loudly,
+            # not spin forever planning rollouts that all fail.
+            reason = self.ledger.rollout_reason(rid) or result["state"]
+            raise RuntimeError(
+                f"the last {limit} rollouts all failed; the most recent ended "
+                f"{result['state']}: {reason}"
+            )
 
     def _on_worker_failure(self, worker: str, err: BaseException) -> None:
         """A worker died: end its rollouts as lost (with linked retries) and replace it."""

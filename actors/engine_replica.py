@@ -22,13 +22,13 @@ class EngineReplica:
         from rlsys.config.job import JobConfig
         from rlsys.engine.config import EngineConfig
         from rlsys.engine.engine import InferenceEngine
+        from rlsys.tokenizer import VOCAB_SIZE
 
         torch.set_num_threads(1)  # replicas share few cores with workers and the trainer
         cfg = JobConfig.model_validate(job_config)
         self.replica_id = replica_id
-        self.engine = InferenceEngine(
-            cfg.model.resolve(), EngineConfig.from_job(cfg.engine, cfg.seed)
-        )
+        engine_cfg = EngineConfig.from_job(cfg.engine, cfg.seed, sample_vocab=VOCAB_SIZE)
+        self.engine = InferenceEngine(cfg.model.resolve(), engine_cfg)
 
     def ready(self) -> str:
         return self.replica_id

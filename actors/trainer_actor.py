@@ -20,6 +20,7 @@ class TrainerActor:
 
         from rlsys.config.job import JobConfig
         from rlsys.model import Transformer
+        from rlsys.tokenizer import VOCAB_SIZE
         from rlsys.trainer.trainer import Trainer
 
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -27,7 +28,11 @@ class TrainerActor:
         torch.manual_seed(self.cfg.seed)
         self.model = Transformer(self.cfg.model.resolve())
         self.trainer = Trainer(
-            self.model, self.cfg.trainer, self.cfg.algo, temperature=self.cfg.sampling.temperature
+            self.model,
+            self.cfg.trainer,
+            self.cfg.algo,
+            temperature=self.cfg.sampling.temperature,
+            valid_vocab=VOCAB_SIZE,  # the engine samples only tokenizer ids (sample_vocab)
         )
         self.resumed_position: dict[str, Any] = {}
         if checkpoint and Path(checkpoint).exists():

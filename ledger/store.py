@@ -148,6 +148,12 @@ class Ledger:
                 select(Rollout.state).where(Rollout.id == rollout_id)
             ).scalar_one_or_none()
 
+    def rollout_reason(self, rollout_id: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(Rollout.reason).where(Rollout.id == rollout_id)
+            ).scalar_one_or_none()
+
     # -- leases -----------------------------------------------------------------------
     def heartbeat(self, owner: str, job_id: str, lease_s: float) -> None:
         """Renew `owner`'s lease: its rollouts stay live while it keeps doing this."""

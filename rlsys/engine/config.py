@@ -36,6 +36,12 @@ class EngineConfig(BaseModel):
         description="TP ranks as threads of this process, or as gloo processes (torch.distributed).",
     )
     seed: int = Field(0, description="Seeds requests that carry no seed of their own.")
+    sample_vocab: int | None = Field(
+        None,
+        ge=1,
+        description="Sample only ids below this (the tokenizer's vocabulary; the model's may be "
+        "padded larger). None: the whole model vocabulary. The trainer's `valid_vocab` must match.",
+    )
     device: str = Field("cpu", description="Torch device of the model (TP runs on CPU).")
 
     @classmethod

@@ -194,6 +194,10 @@ class EngineCore:
             logits, seq.ready_logits = seq.ready_logits, None
             if seq.num_generated == 0:
                 self._remember_prompt(seq, logits)
+            if self.cfg.sample_vocab is not None and self.cfg.sample_vocab < logits.shape[-1]:
+                # Padding ids of the model's vocabulary are never sampled (no text behind them).
+                logits = logits.clone()
+                logits[self.cfg.sample_vocab :] = float("-inf")
             tok = sample(logits, seq.request.sampling, seq.candidate_cap, seq.rng)
             res = seq.result
             res.token_ids.append(tok.token_id)

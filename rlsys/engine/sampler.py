@@ -61,7 +61,8 @@ def candidate_set(z: Tensor, top_k: int, top_p: float, cap: int) -> tuple[Tensor
     """Candidate ids (C,) in descending probability of z (V,), and whether the cap cut it."""
     logp = kernels.log_softmax(z[None])[0]
     order = torch.sort(logp, descending=True, stable=True).indices
-    n = order.shape[0] if top_k <= 0 else min(top_k, order.shape[0])
+    n = int(torch.isfinite(z).sum())  # ids masked to -inf are never candidates
+    n = n if top_k <= 0 else min(top_k, n)
     if top_p < 1.0:
         probs = logp[order[:n]].double().exp()
         mass_before = torch.cumsum(probs, 0) - probs
