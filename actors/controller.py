@@ -253,11 +253,26 @@ class Controller:
         self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
         self.broadcast_weights()
         self.stats.steps.append(metrics)
-        self.on_step(metrics)
+        self.on_step({**metrics, "job_id": self.job_id})
 
     def broadcast_weights(self) -> None:
+        """Publish the trainer's weights as `self.version` to every live replica.
+
+        A replica that died is dropped here and marked dead in admission (its sessions
+        migrate); the job goes on while at least one replica lives.
+        """
         state = self.h.trainer.weights.remote()
-        ray.get([r.update_weights.remote(state, self.version) for r in self.h.replicas.values()])
+        refs = {
+            rid: r.update_weights.remote(state, self.version) for rid, r in self.h.replicas.items()
+        }
+        for rid, ref in refs.items():
+            try:
+                ray.get(ref)
+            except RayActorError:
+                del self.h.replicas[rid]
+                ray.get(self.h.admission.mark_dead.remote(rid))
+        if not self.h.replicas:
+            raise RuntimeError("every engine replica has died")
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> str:

@@ -81,7 +81,10 @@ def run_job(
         start = ray.get(trainer.position.remote())
         replicas = {
             f"replica-{i}": EngineReplica.options(
-                num_cpus=cfg.engine.num_cpus, num_gpus=cfg.engine.num_gpus, max_concurrency=256
+                name=actor_name(job_id, f"replica-{i}"),
+                num_cpus=cfg.engine.num_cpus,
+                num_gpus=cfg.engine.num_gpus,
+                max_concurrency=256,
             ).remote(f"replica-{i}", cfg_dict)
             for i in range(cfg.engine.replicas)
         }
@@ -143,10 +146,18 @@ def _make_worker(
     cfg: JobConfig, job_id: str, admission: Any, replicas: dict[str, Any], name: str
 ) -> Any:
     return RolloutWorker.options(
-        num_cpus=cfg.rollout.num_cpus, max_concurrency=cfg.rollout.concurrency_per_worker + 2
+        name=actor_name(job_id, name),
+        num_cpus=cfg.rollout.num_cpus,
+        max_concurrency=cfg.rollout.concurrency_per_worker + 2,
     ).remote(
         name, job_id, ledger_url_for(cfg), json.loads(cfg.model_dump_json()), admission, replicas
     )
+
+
+def actor_name(job_id: str, role: str) -> str:
+    """The Ray name of a job's actor (e.g. `rlsys:JOB:worker-0`): what operators and fault
+    tests use to find it with `ray.get_actor`."""
+    return f"rlsys:{job_id}:{role}"
 
 
 def _stop_requested(ledger: Ledger, job_id: str) -> bool:

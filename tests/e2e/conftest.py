@@ -1,0 +1,51 @@
+"""End-to-end fixtures: a job config small enough for CI (tiny model, real everything else).
+
+One local Ray cluster per test session (started by the first job, shut down at the end);
+bwrap sandboxes, SQLite ledger, in-memory stream, native engine replicas, the trainer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_JOB = """
+name: e2e
+seed: 0
+model: {{preset: tiny, overrides: {{vocab_size: 320}}}}
+engine: {{replicas: 2, max_running: 8, max_context_tokens: 768, candidate_cap: 16, num_cpus: 0.25}}
+sampling: {{max_tokens_per_turn: 48}}
+rollout:
+  workers: 2
+  concurrency_per_worker: 4
+  group_size: 4
+  groups_in_flight: 3
+  lease_s: 3.0
+  task: {{type: arithmetic, max_factor: 9, max_addend: 9}}
+  sandbox: {{type: bwrap}}
+  scaffold: {{max_turns: 3, max_observation_tokens: 64, compaction: {{max_state_tokens: 64}}}}
+trainer: {{steps: {steps}, groups_per_step: 2, warm_start: {{steps: 2, demonstrations: 8, batch_size: 4}}}}
+store: {{run_root: {root}}}
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_session():
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def tiny_job(tmp_path: Path):
+    from rlsys.cli.job_config import load_job_config
+
+    def make(steps: int = 3, *sets: str):
+        path = tmp_path / "job.yaml"
+        path.write_text(TINY_JOB.format(steps=steps, root=tmp_path / "runs"))
+        return load_job_config(str(path), sets)
+
+    return make
