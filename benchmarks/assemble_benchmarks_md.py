@@ -1,0 +1,25 @@
+"""Rebuild BENCHMARKS.md from its header and the per-area result files in benchmarks/results/.
+
+    .venv/bin/python benchmarks/assemble_benchmarks_md.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ["ledger", "stream", "model", "engine", "vllm_peer", "trainer", "sandboxes", "admission", "job", "gpu"]
+
+
+def main() -> None:
+    head = (ROOT / "benchmarks" / "results" / "_header.md").read_text().strip()
+    parts = [head]
+    for name in ORDER:
+        path = ROOT / "benchmarks" / "results" / f"{name}.md"
+        if path.exists():
+            parts.append(path.read_text().strip())
+    (ROOT / "BENCHMARKS.md").write_text("\n\n".join(parts) + "\n")
+
+
+if __name__ == "__main__":
+    main()
