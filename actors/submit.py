@@ -14,11 +14,22 @@ import shlex
 import time
 from collections.abc import Callable
 
+from ray.exceptions import AuthenticationError
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from rlsys.ledger.records import new_id
 
 _EXCLUDES = [".venv", "runs", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache"]
+
+
+def _client(address: str) -> JobSubmissionClient:
+    try:
+        return JobSubmissionClient(address)
+    except AuthenticationError as err:
+        raise ConnectionError(
+            "the cluster requires an auth token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
+            "(or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on its head)"
+        ) from err
 
 
 def submit_job(
@@ -27,12 +38,15 @@ def submit_job(
     sets: tuple[str, ...],
     *,
     follow: bool = False,
+    python: str = "python",
     echo: Callable[[str], None] = print,
     runtime_env: dict | None = None,
 ) -> str:
-    client = JobSubmissionClient(address)
+    client = _client(address)
     job_id = new_id("j")
-    args = ["rlsys", "run", config, "--job-id", job_id] + [a for s in sets for a in ("--set", s)]
+    args = [python, "-m", "rlsys.cli", "run", config, "--job-id", job_id] + [
+        a for s in sets for a in ("--set", s)
+    ]
     client.submit_job(
         entrypoint=shlex.join(args),
         submission_id=job_id,
@@ -51,8 +65,8 @@ def submit_job(
 
 def stop_submitted(address: str, job_id: str) -> bool:
     """Ask Ray to stop the submitted job (its driver then ends the job as `stopped`)."""
-    return JobSubmissionClient(address).stop_job(job_id)
+    return _client(address).stop_job(job_id)
 
 
 def submitted_status(address: str, job_id: str) -> str:
-    return str(JobSubmissionClient(address).get_job_status(job_id))
+    return str(_client(address).get_job_status(job_id))

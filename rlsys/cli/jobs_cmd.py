@@ -50,6 +50,9 @@ def status(job_id: str, db: str | None, address: str | None, as_json: bool) -> N
 
     out: dict = {}
     if address:
+        from rlsys.cli.ray_auth import enable_token_auth_if_available
+
+        enable_token_auth_if_available()
         from rlsys.actors.submit import submitted_status
 
         out["ray_status"] = submitted_status(address, job_id)
@@ -86,6 +89,9 @@ def stop(job_id: str, db: str | None, address: str | None) -> None:
     finally:
         writer.close()
     if address:
+        from rlsys.cli.ray_auth import enable_token_auth_if_available
+
+        enable_token_auth_if_available()
         from rlsys.actors.submit import stop_submitted
 
         stop_submitted(address, job_id)
