@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/rlsys ledger demo
+	$(BIN)/rlsys run configs/quickstart.yaml
 
 test: setup
 	$(BIN)/pytest -q -ra
