@@ -48,3 +48,9 @@ def token_advantages(
         for turn, penalty in turn_penalties.items():
             adv[turns == turn] += float(penalty)
     return adv
+
+
+def critic_advantages(returns: Tensor, values: Tensor) -> Tensor:
+    """Token-level baseline: the token's return (outcome reward plus its turn's penalty)
+    minus the critic's value of the state it was sampled in (no gradient into the critic)."""
+    return returns - values.detach()

@@ -36,6 +36,22 @@ class LossOutput:
     clipped_fraction: Tensor
 
 
+def per_token_terms(
+    cfg: AlgoConfig, logp: Tensor, behaviour: Tensor, adv: Tensor, ref: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token objective and KL-to-reference terms (any shape; KL None when kl_coef is 0).
+
+    The loss of a token is `pg + kl_coef * kl`; `policy_loss` aggregates them over a padded
+    batch, the trainer weights them with `TOKEN_WEIGHTS` over micro-batches.
+    """
+    pg = OBJECTIVES[cfg.objective](logp, behaviour, adv, tis_cap=cfg.tis_cap, clip_eps=cfg.clip_eps)
+    if cfg.kl_coef == 0:
+        return pg, None
+    if ref is None:
+        raise ValueError("algo.kl_coef > 0 needs reference log-probs")
+    return pg, kl_k3(logp, ref)
+
+
 def policy_loss(
     cfg: AlgoConfig,
     logp_BT: Tensor,
@@ -45,16 +61,10 @@ def policy_loss(
     ref_BT: Tensor | None = None,
 ) -> LossOutput:
     """The scalar loss for one batch, and diagnostics (no gradient in the diagnostics)."""
-    per_token = OBJECTIVES[cfg.objective](
-        logp_BT, behaviour_BT, adv_BT, tis_cap=cfg.tis_cap, clip_eps=cfg.clip_eps
-    )
+    pg_tok, kl_tok = per_token_terms(cfg, logp_BT, behaviour_BT, adv_BT, ref_BT)
     aggregate = AGGREGATIONS[cfg.aggregation]
-    pg = aggregate(per_token, mask_BT)
-    kl = torch.zeros((), dtype=pg.dtype)
-    if cfg.kl_coef > 0:
-        if ref_BT is None:
-            raise ValueError("algo.kl_coef > 0 needs reference log-probs")
-        kl = aggregate(kl_k3(logp_BT, ref_BT), mask_BT)
+    pg = aggregate(pg_tok, mask_BT)
+    kl = aggregate(kl_tok, mask_BT) if kl_tok is not None else torch.zeros((), dtype=pg.dtype)
     with torch.no_grad():
         w = importance_weights(logp_BT, behaviour_BT, float("inf"))
         m = mask_BT.to(w.dtype)

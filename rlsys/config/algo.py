@@ -7,6 +7,24 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class CriticConfig(BaseModel):
+    """An optional learnable critic: a token-level baseline for the advantages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        False, description="Learn a critic; its baseline replaces the group mean."
+    )
+    hidden: int = Field(128, ge=1, description="Hidden width of the critic's MLP head.")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the critic.")
+    warmup_updates: int = Field(
+        20,
+        ge=0,
+        description="Critic updates (pre-training steps and trainer steps) before its baseline "
+        "is used; until then the group-relative baseline is.",
+    )
+
+
 class AlgoConfig(BaseModel):
     """How trajectories become a loss."""
 
@@ -31,3 +49,4 @@ class AlgoConfig(BaseModel):
         2, ge=0, description="Samples older than this many versions are filtered."
     )
     filter_zero_variance: bool = Field(True, description="Drop groups whose rewards are all equal.")
+    critic: CriticConfig = Field(default_factory=CriticConfig)

@@ -76,10 +76,15 @@ class RoutingRecorder:
 
 @dataclass
 class RoutingReplay:
-    """Routes to impose on a forward; rows must match the forward's packed token rows."""
+    """Routes to impose on a forward; rows must match the forward's packed token rows.
+
+    `rows` (N,) bool, optional: replay only these rows (those with a recorded route, e.g.
+    the rows that produced policy tokens); the others are routed by the current router.
+    """
 
     routes: RoutedExperts
     use_gates: bool
+    rows: Tensor | None = None
 
     def lookup(self, layer: int) -> tuple[Tensor, Tensor | None]:
         gates = self.routes.gates[layer] if self.use_gates else None

@@ -113,9 +113,29 @@ class Transformer(nn.Module):
                 out.mtp_logits.append(mtp_logits.view(bsz, t, -1))
         return out
 
+    def hidden_packed(
+        self,
+        tokens: Tensor,
+        spans: list[SeqSpan],
+        routing: Routing | None = None,
+        aux: AuxLosses | None = None,
+    ) -> Tensor:
+        """The trainer's packed varlen forward: sequences of any lengths as spans of rows of
+        `tokens` (N,), each from position 0 (fresh caches) -> fp32 final hidden rows (N, d).
+
+        No LM head: the trainer applies it (`head_logits`) to the rows it needs, in chunks.
+        """
+        assert all(s.pos == 0 for s in spans), "a packed training sequence starts at 0"
+        caches = [self.new_cache(tokens.device) for _ in spans]
+        return self._trunk(tokens, spans, caches, routing, aux)
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Final norm + LM head in the compute dtype: fp32 hidden rows (..., d) -> (..., V)."""
+        return kernels.linear(self.final_norm(h).to(self.dtype), self.lm_head)
+
     def logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head: fp32 hidden rows (..., d) -> fp32 logits (..., V)."""
-        return kernels.linear(self.final_norm(h).to(self.dtype), self.lm_head).float()
+        return self.head_logits(h).float()
 
     # ---- shared ---------------------------------------------------------------------------
 

@@ -93,3 +93,23 @@ def test_bias_balancing_shifts_selection_toward_underloaded_experts() -> None:
     settled = torch.stack(loads[-20:]).mean(0)
     assert settled.std() < loads[0].std() / 2
     assert moe.expert_bias[0] < 0
+
+
+@pytest.mark.parametrize("use_gates", [False, True])
+def test_partial_replay_imposes_recorded_rows_and_routes_the_rest_by_the_router(
+    use_gates: bool,
+) -> None:
+    moe = Transformer(preset("tiny")).blocks[0].ffn
+    assert isinstance(moe, MoE)
+    scores = torch.rand(6, moe.cfg.n_experts)
+    own = moe._select(scores)
+    recorded = RoutedExperts(
+        (own + 1).remainder(moe.cfg.n_experts)[None], torch.full((1, 6, 2), 0.5)
+    )
+    rows = torch.tensor([True, False, True, False, False, True])
+    idx, gates = moe._route(scores, RoutingReplay(recorded, use_gates=use_gates, rows=rows))
+    assert torch.equal(idx[rows], recorded.indices[0][rows])
+    assert torch.equal(idx[~rows], own[~rows])
+    if use_gates:
+        assert (gates[rows] == 0.5).all()
+    assert torch.allclose(gates[~rows].sum(-1), torch.ones(3))

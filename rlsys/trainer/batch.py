@@ -1,0 +1,148 @@
+"""Packing trajectories into the trainer's tensors: one packed row per token, no padding.
+
+Every segment of every trajectory becomes a span of rows in one flat token tensor (the
+model's packed varlen forward). A policy token at segment position `i` is predicted by row
+`i - 1` of its span (`pred_rows`); all per-policy-token data (targets, behaviour log-probs,
+versions, candidate sets, returns) is laid out in that order, `P` long.
+
+Routed-expert convention (shared with the engine): a policy token's recorded routes are
+those of the forward row that produced its distribution, i.e. its `pred_row`. Rows with a
+record are marked in `routed_rows`; the others (prompt, observations) are routed by the
+current router on replay.
+
+Tensor legend: N packed rows, P policy tokens, C longest candidate set, L MoE layers,
+k experts per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlsys.model.routing import RoutedExperts
+from rlsys.trajectory import Segment, Trajectory
+
+
+@dataclass
+class PackedBatch:
+    tokens_N: Tensor  # int64 token ids
+    spans: list[tuple[int, int]]  # (first row, length) of each segment
+    pred_rows_P: Tensor  # int64 row whose logits predict each policy token
+    targets_P: Tensor  # int64 the policy token
+    behaviour_P: Tensor  # fp32 log-prob recorded by the engine
+    versions_P: Tensor  # int64 policy version that sampled the token
+    sample_P: Tensor  # int64 index of the token's trajectory in the step's list
+    returns_P: Tensor  # fp32 outcome reward plus the penalty of the token's turn
+    penalties_P: Tensor  # fp32 the penalty of the token's turn (0 if none)
+    candidates_PC: Tensor  # int64 recorded top-p set, padded with -1 (C may be 0)
+    has_candidates_P: Tensor  # bool: the token was sampled from a recorded set
+    routes: RoutedExperts | None  # (L, N, k) for every row; meaningful where routed_rows
+    routed_rows_N: Tensor  # bool: the row carries a recorded route
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens_N.numel())
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return int(self.targets_P.numel())
+
+
+def route_entry(entry: Any) -> tuple[Tensor, Tensor]:
+    """One token's routed-experts payload -> (ids (L, k) int64, gates (L, k) fp32).
+
+    Accepts the engine's compact per-token dict `{"indices": (L, k), "gates": (L, k)}`
+    (tensors or nested lists, ids possibly uint8/int16) or a one-token `RoutedExperts`.
+    """
+    if isinstance(entry, RoutedExperts):
+        return entry.indices[:, 0].to(torch.int64), entry.gates[:, 0].to(torch.float32)
+    ids = torch.as_tensor(entry["indices"]).to(torch.int64)
+    gates = torch.as_tensor(entry["gates"]).to(torch.float32)
+    return ids.reshape(ids.shape[0], -1), gates.reshape(gates.shape[0], -1)
+
+
+def pack(
+    items: Sequence[tuple[int, Segment, Trajectory]], *, with_routes: bool = True
+) -> PackedBatch:
+    """Pack `(sample index, segment, its trajectory)` items into one `PackedBatch`."""
+    tokens, spans, policy, cands = [], [], [], []
+    route_rows: list[tuple[int, Any]] = []
+    row = 0
+    for sample, seg, traj in items:
+        spans.append((row, len(seg.token_ids)))
+        tokens += seg.token_ids
+        for i, is_policy in enumerate(seg.policy_mask):
+            if not is_policy:
+                continue
+            assert i > 0, "a segment starts with its prompt, never with a policy token"
+            penalty = traj.turn_penalties.get(seg.turn_index[i], 0.0)
+            policy.append(
+                (row + i - 1, seg.token_ids[i], seg.logprobs[i], seg.versions[i], sample)
+                + (traj.reward + penalty, penalty)
+            )
+            cands.append(seg.candidate_ids[i])
+            if with_routes and seg.routed_experts[i] is not None:
+                route_rows.append((row + i - 1, seg.routed_experts[i]))
+        row += len(seg.token_ids)
+    cols = list(zip(*policy, strict=True)) if policy else [()] * 7
+    width = max((len(c) for c in cands if c is not None), default=0)
+    cand_PC = torch.full((len(cands), width), -1, dtype=torch.int64)
+    for p, c in enumerate(cands):
+        if c:
+            cand_PC[p, : len(c)] = torch.tensor(c, dtype=torch.int64)
+    routes, routed = _routes(route_rows, row)
+    return PackedBatch(
+        tokens_N=torch.tensor(tokens, dtype=torch.int64),
+        spans=spans,
+        pred_rows_P=torch.tensor(cols[0], dtype=torch.int64),
+        targets_P=torch.tensor(cols[1], dtype=torch.int64),
+        behaviour_P=torch.tensor(cols[2], dtype=torch.float32),
+        versions_P=torch.tensor(cols[3], dtype=torch.int64),
+        sample_P=torch.tensor(cols[4], dtype=torch.int64),
+        returns_P=torch.tensor(cols[5], dtype=torch.float32),
+        penalties_P=torch.tensor(cols[6], dtype=torch.float32),
+        candidates_PC=cand_PC,
+        has_candidates_P=torch.tensor([c is not None and len(c) > 0 for c in cands]),
+        routes=routes,
+        routed_rows_N=routed,
+    )
+
+
+def _routes(
+    route_rows: list[tuple[int, Any]], num_rows: int
+) -> tuple[RoutedExperts | None, Tensor]:
+    routed = torch.zeros(num_rows, dtype=torch.bool)
+    if not route_rows:
+        return None, routed
+    first_ids, first_gates = route_entry(route_rows[0][1])
+    layers, k = first_ids.shape
+    ids = torch.zeros(layers, num_rows, k, dtype=torch.int64)
+    gates = torch.zeros(layers, num_rows, k, dtype=torch.float32)
+    for r, entry in route_rows:
+        ids[:, r], gates[:, r] = route_entry(entry)
+        routed[r] = True
+    return RoutedExperts(ids, gates), routed
+
+
+def micro_batches(
+    trajectories: Sequence[Trajectory], max_tokens: int
+) -> list[list[tuple[int, Segment, Trajectory]]]:
+    """Split all segments into groups of at most `max_tokens` rows (a longer segment is a
+    group of its own); segments keep their trajectory order."""
+    groups: list[list[tuple[int, Segment, Trajectory]]] = [[]]
+    used = 0
+    for sample, traj in enumerate(trajectories):
+        for seg in traj.segments:
+            if not any(seg.policy_mask):
+                continue
+            n = len(seg.token_ids)
+            if groups[-1] and used + n > max_tokens:
+                groups.append([])
+                used = 0
+            groups[-1].append((sample, seg, traj))
+            used += n
+    return [g for g in groups if g]

@@ -1,0 +1,98 @@
+"""What one trainer step reports (DESIGN.md section 5, `monitor --json`).
+
+Token-level quantities (entropy, importance weight, log-prob drift) are averaged over the
+step's policy tokens, accumulated across micro-batches; sample-level ones (staleness,
+reward) over the step's kept samples. `as_dict` gives the JSON shape the monitor prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    policy_version: int
+    num_samples: int
+    num_filtered: int
+    num_tokens: int = 0
+    num_policy_tokens: int = 0
+    loss: float = 0.0
+    pg_loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    mean_importance_weight: float = 0.0
+    clipped_fraction: float = 0.0
+    logprob_drift_mean_abs: float = 0.0
+    logprob_drift_max_abs: float = 0.0
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    reward_mean: float = 0.0
+    grad_norm: float = 0.0
+    grad_clamp_clipped: int = 0
+    critic_loss: float = 0.0
+    critic_baseline: bool = False
+    step_s: float = 0.0
+    tokens_per_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["staleness"] = {"mean": d.pop("staleness_mean"), "max": d.pop("staleness_max")}
+        d["logprob_drift"] = {
+            "mean_abs": d.pop("logprob_drift_mean_abs"),
+            "max_abs": d.pop("logprob_drift_max_abs"),
+        }
+        return d
+
+
+@dataclass
+class TokenSums:
+    """Per-token sums over the micro-batches of one step (weights: the aggregation's)."""
+
+    tokens: int = 0
+    loss: float = 0.0
+    pg: float = 0.0
+    kl: float = 0.0
+    critic: float = 0.0
+    entropy: float = 0.0
+    weight: float = 0.0
+    clipped: float = 0.0
+    drift_abs: float = 0.0
+    drift_max: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @torch.no_grad()
+    def add(
+        self,
+        logp_P: Tensor,
+        behaviour_P: Tensor,
+        entropy_P: Tensor,
+        tis_cap: float,
+        weighted: tuple[Tensor, Tensor, Tensor, Tensor],
+    ) -> None:
+        """`weighted`: this micro-batch's aggregated (loss, pg, kl, critic) contributions."""
+        diff = logp_P.detach() - behaviour_P
+        w = torch.exp(diff)
+        self.tokens += int(logp_P.numel())
+        self.entropy += float(entropy_P.sum())
+        self.weight += float(w.sum())
+        self.clipped += float((w > tis_cap).sum())
+        self.drift_abs += float(diff.abs().sum())
+        self.drift_max = max(self.drift_max, float(diff.abs().max())) if diff.numel() else 0.0
+        for name, value in zip(("loss", "pg", "kl", "critic"), weighted, strict=True):
+            setattr(self, name, getattr(self, name) + float(value))
+
+    def fill(self, m: StepMetrics) -> None:
+        n = max(self.tokens, 1)
+        m.num_policy_tokens = self.tokens
+        m.loss, m.pg_loss, m.kl, m.critic_loss = self.loss, self.pg, self.kl, self.critic
+        m.entropy = self.entropy / n
+        m.mean_importance_weight = self.weight / n
+        m.clipped_fraction = self.clipped / n
+        m.logprob_drift_mean_abs = self.drift_abs / n
+        m.logprob_drift_max_abs = self.drift_max

@@ -1,0 +1,341 @@
+"""The trainer: a batch of trajectories in, one optimiser step out (no Ray; the actor wraps it).
+
+One step (`train_step`), in order:
+1. filters: samples beyond the staleness bound, then zero-variance groups; each dropped
+   sample is returned with its ledger state and reason, none leaves silently;
+2. advantages: group-relative outcome advantage plus the turn penalty on that turn's
+   tokens, or, once the critic is past its pre-training phase, return minus critic value;
+3. per micro-batch: packed forward with routed-expert replay, chunked LM head with top-p
+   candidate-set replay and zero-center projection, the objective (`rlsys.algo`) weighted
+   by the aggregation's per-token weights, backward (gradients accumulate);
+4. global gradient-norm clip, AdamW, MoE balance update; step and policy version + 1.
+
+Invariants: the loss of a batch does not depend on how it is split into micro-batches
+(per-token weights are computed over the whole batch); at staleness 0 with the engine's
+weights the recomputed log-probs equal the behaviour log-probs bitwise (replay off or
+`indices_and_gates`), so importance weights are exactly 1; a resumed trainer is the same
+trainer (model, optimisers, step, version, stream position, reference policy).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlsys.algo.advantages import critic_advantages, group_relative
+from rlsys.algo.aggregate import TOKEN_WEIGHTS
+from rlsys.algo.filters import Filtered, split_stale, split_zero_variance
+from rlsys.algo.objectives import per_token_terms
+from rlsys.config.algo import AlgoConfig
+from rlsys.config.job import TrainerSection
+from rlsys.model import AuxLosses, Transformer
+from rlsys.trainer.batch import PackedBatch, micro_batches, pack
+from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rlsys.trainer.critic import Critic
+from rlsys.trainer.forward import packed_hidden
+from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
+from rlsys.trainer.metrics import StepMetrics, TokenSums
+from rlsys.trajectory import Trajectory
+
+
+@dataclass
+class StepResult:
+    """`stepped` is False when every sample was filtered (no optimiser step, same version)."""
+
+    stepped: bool
+    metrics: StepMetrics
+    filtered: list[Filtered] = field(default_factory=list)
+    trained: list[str] = field(default_factory=list)  # rollout ids that reached the step
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stepped": self.stepped,
+            "version": self.metrics.policy_version,
+            "metrics": self.metrics.as_dict(),
+            "filtered": [asdict(f) for f in self.filtered],
+            "trained": list(self.trained),
+        }
+
+
+class Trainer:
+    """Owns the policy's optimiser state, the optional critic and reference, and the counters.
+
+    `temperature` must be the engine's sampling temperature, and `valid_vocab` (default: the
+    model's vocabulary) the ids it may sample, so that recomputed log-probs are over the same
+    distribution. Tokens with a recorded candidate set use that set instead (replay).
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: TrainerSection,
+        algo: AlgoConfig,
+        *,
+        temperature: float = 1.0,
+        valid_vocab: int | None = None,
+    ) -> None:
+        self.model, self.cfg, self.algo = model, cfg, algo
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
+        self.critic = Critic(model.cfg.d_model, algo.critic) if algo.critic.enabled else None
+        self.reference: Transformer | None = None  # snapshot taken at the first RL step
+        self.step = 0
+        self.version = 0
+        self.stream_position: dict[str, Any] = {}
+        self.logprob_options = LogProbOptions(
+            valid_vocab=min(valid_vocab or model.cfg.vocab_size, model.cfg.vocab_size),
+            temperature=temperature,
+            replay_candidates=cfg.replay_candidates,
+            zero_center=cfg.zero_center,
+            chunk=cfg.lm_head_chunk,
+        )
+
+    # ---- the RL step -----------------------------------------------------------------------
+
+    def train_step(
+        self, trajectories: Sequence[Trajectory], stream_position: dict[str, Any] | None = None
+    ) -> StepResult:
+        """Filter, compute advantages, recompute log-probs under replay, take one step.
+
+        `stream_position` (opaque) is what the caller has consumed once this step is taken;
+        it is stored with the next checkpoint.
+        """
+        started = time.perf_counter()
+        if any(t.reward != t.reward for t in trajectories):
+            raise ValueError(
+                "a trajectory with a NaN reward (a failed rollout) reached the trainer"
+            )
+        kept, filtered = self._filter(trajectories)
+        metrics = StepMetrics(self.step, self.version, len(kept), len(filtered))
+        if not kept:
+            return StepResult(False, metrics, filtered)
+        staleness = torch.tensor([float(self.version - t.min_version) for t in kept])
+        metrics.staleness_mean, metrics.staleness_max = (
+            float(staleness.mean()),
+            int(staleness.max()),
+        )
+        metrics.reward_mean = sum(t.reward for t in kept) / len(kept)
+
+        batches = [pack(items) for items in micro_batches(kept, self.cfg.micro_batch_tokens)]
+        weights = self._token_weights(batches, len(kept))
+        outcome = torch.tensor(
+            group_relative(
+                [t.reward for t in kept],
+                [t.group_id for t in kept],
+                normalize_std=self.algo.normalize_std,
+            ),
+            dtype=torch.float32,
+        )
+        use_critic = self.critic is not None and self.critic.ready
+        if self.algo.kl_coef > 0 and self.reference is None:
+            self.reference = _frozen_copy(self.model)
+        clamp_before = _clamped(self.model)
+
+        sums = TokenSums()
+        total_rows = sum(b.num_tokens for b in batches)
+        # The model's auxiliary losses are sums of per-sequence terms: averaging them over
+        # the step's sequences keeps the step independent of the micro-batch split.
+        aux_scale = 1.0 / sum(len(b.spans) for b in batches)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for batch, w in zip(batches, weights, strict=True):
+            self._micro_step(batch, w, outcome, use_critic, aux_scale, sums)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.update_balance()
+        if self.critic is not None:
+            self.critic.update()
+
+        self.step += 1
+        self.version += 1
+        if stream_position is not None:
+            self.stream_position = dict(stream_position)
+        sums.fill(metrics)
+        metrics.step, metrics.policy_version = self.step, self.version
+        metrics.num_tokens = total_rows
+        metrics.grad_norm = float(grad_norm)
+        metrics.grad_clamp_clipped = _clamped(self.model) - clamp_before
+        metrics.critic_baseline = use_critic
+        metrics.step_s = time.perf_counter() - started
+        metrics.tokens_per_s = total_rows / max(metrics.step_s, 1e-9)
+        return StepResult(True, metrics, filtered, [t.rollout_id for t in kept])
+
+    def _filter(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Filtered]]:
+        kept, dropped = split_stale(trajs, self.version, self.algo.max_staleness)
+        if self.algo.filter_zero_variance:
+            kept, zero = split_zero_variance(kept)
+            dropped += zero
+        return kept, dropped
+
+    def _token_weights(self, batches: list[PackedBatch], num_samples: int) -> list[Tensor]:
+        sample_P = torch.cat([b.sample_P for b in batches])
+        weights = TOKEN_WEIGHTS[self.algo.aggregation](sample_P, num_samples)
+        return list(weights.split([b.num_policy_tokens for b in batches]))
+
+    def _micro_step(
+        self,
+        batch: PackedBatch,
+        w_P: Tensor,
+        outcome: Tensor,
+        use_critic: bool,
+        aux_scale: float,
+        sums: TokenSums,
+    ) -> None:
+        aux = AuxLosses()
+        h_Nd = packed_hidden(self.model, batch, self.cfg.replay_experts, aux)
+        h_Pd = h_Nd[batch.pred_rows_P]
+        out = self._log_probs(self.model, h_Pd, batch)
+        critic_loss = torch.zeros(())
+        adv_P = outcome[batch.sample_P] + batch.penalties_P
+        if self.critic is not None:
+            critic_loss, values_P = self.critic.loss(h_Pd, batch.returns_P, w_P)
+            critic_loss.backward()
+            if use_critic:
+                adv_P = critic_advantages(batch.returns_P, values_P)
+        ref_P = self._reference_log_probs(batch) if self.reference is not None else None
+        pg_P, kl_P = per_token_terms(self.algo, out.logp_P, batch.behaviour_P, adv_P, ref_P)
+        pg = (pg_P * w_P).sum()
+        kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros(())
+        loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
+        loss.backward()
+        weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
+        sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted)
+
+    def _log_probs(self, model: Transformer, h_Pd: Tensor, batch: PackedBatch) -> PolicyLogProbs:
+        return policy_log_probs(
+            model,
+            h_Pd,
+            batch.targets_P,
+            batch.candidates_PC,
+            batch.has_candidates_P,
+            self.logprob_options,
+        )
+
+    def _reference_log_probs(self, batch: PackedBatch) -> Tensor:
+        assert self.reference is not None
+        with torch.no_grad():
+            h = packed_hidden(self.reference, batch, self.cfg.replay_experts)
+            return self._log_probs(self.reference, h[batch.pred_rows_P], batch).logp_P
+
+    # ---- no-gradient recomputation (tests, alignment checks) -------------------------------
+
+    def log_probs(
+        self, trajectories: Sequence[Trajectory], replay: str | None = None
+    ) -> list[Tensor]:
+        """Recomputed log-probs of each trajectory's policy tokens (segment order), no grad.
+
+        Uses `replay` (default: the configured mode) and the configured candidate replay;
+        runs in eval mode so MoE load statistics are not touched.
+        """
+        mode = replay or self.cfg.replay_experts
+        per_sample: list[list[Tensor]] = [[] for _ in trajectories]
+        with _eval(self.model), torch.no_grad():
+            for items in micro_batches(trajectories, self.cfg.micro_batch_tokens):
+                batch = pack(items, with_routes=mode != "off")
+                h = packed_hidden(self.model, batch, mode)
+                logp = self._log_probs(self.model, h[batch.pred_rows_P], batch).logp_P
+                for s in batch.sample_P.unique().tolist():
+                    per_sample[s].append(logp[batch.sample_P == s])
+        return [torch.cat(p) if p else torch.zeros(0) for p in per_sample]
+
+    # ---- critic pre-training -----------------------------------------------------------------
+
+    def pretrain_critic(self, trajectories: Sequence[Trajectory], steps: int) -> list[float]:
+        """Fit the critic to the returns of collected trajectories; the policy is untouched."""
+        assert self.critic is not None, "algo.critic.enabled is off"
+        losses = []
+        batches = [
+            pack(items, with_routes=False)
+            for items in micro_batches(trajectories, self.cfg.micro_batch_tokens)
+        ]
+        weights = TOKEN_WEIGHTS["token_mean"](
+            torch.cat([b.sample_P for b in batches]), len(trajectories)
+        )
+        hidden = []
+        with _eval(self.model), torch.no_grad():
+            for b in batches:
+                hidden.append(packed_hidden(self.model, b, "off")[b.pred_rows_P])
+        for _ in range(steps):
+            total = 0.0
+            for b, h, w in zip(
+                batches, hidden, weights.split([b.num_policy_tokens for b in batches]), strict=True
+            ):
+                loss, _ = self.critic.loss(h, b.returns_P, w)
+                loss.backward()
+                total += float(loss.detach())
+            self.critic.update()
+            losses.append(total)
+        return losses
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "version": self.version,
+            "stream_position": dict(self.stream_position),
+        }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic.optimizer.state_dict()
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.version = int(state["step"]), int(state["version"])
+        self.stream_position = dict(state["stream_position"])
+        if self.critic is not None and "critic" in state:
+            self.critic.load_state_dict(state["critic"])
+            self.critic.optimizer.load_state_dict(state["critic_optimizer"])
+        if "reference" in state:
+            self.reference = _frozen_copy(self.model)
+            self.reference.load_state_dict(state["reference"])
+
+    def save_checkpoint(
+        self, path: str | Path, stream_position: dict[str, Any] | None = None
+    ) -> Path:
+        """Atomically write everything a resumed trainer needs (see `checkpoint.py`)."""
+        if stream_position is not None:
+            self.stream_position = dict(stream_position)
+        return save_checkpoint(path, self.state_dict())
+
+    def restore(self, path: str | Path) -> dict[str, Any]:
+        """Load a checkpoint into this trainer; returns the stream position it recorded."""
+        self.load_state_dict(load_checkpoint(path))
+        return dict(self.stream_position)
+
+
+def _frozen_copy(model: Transformer) -> Transformer:
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def _clamped(model: Transformer) -> int:
+    return sum(clipped for clipped, _ in model.grad_clamp_counts())
+
+
+@contextmanager
+def _eval(model: Transformer) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

@@ -1,0 +1,119 @@
+"""Log-prob alignment with the engine, and what each replay changes (DESIGN.md section 6)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlsys.model import Transformer, token_log_probs
+from rlsys.model.moe import MoE
+from rlsys.trainer.batch import pack
+from tests.trainer.helpers import behaviour, engine_trajectories, make_trainer, tiny_model
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_staleness_zero_recomputed_log_probs_equal_behaviour_bitwise(dtype: str) -> None:
+    model = tiny_model(compute_dtype=dtype)
+    trajs = engine_trajectories(model, top_p=0.9)
+    trainer = make_trainer(model, replay_experts="off")
+    for traj, logp in zip(trajs, trainer.log_probs(trajs), strict=True):
+        assert torch.equal(logp, behaviour(traj))
+    result = trainer.train_step(trajs)  # the training forward (train mode, autograd) too
+    m = result.metrics
+    assert m.mean_importance_weight == 1.0 and m.clipped_fraction == 0.0
+    assert m.logprob_drift_max_abs == 0.0 and m.staleness_max == 0
+
+
+def test_micro_batches_and_lm_head_chunks_do_not_change_log_probs() -> None:
+    model = tiny_model()
+    trajs = engine_trajectories(model, groups=3)
+    whole = make_trainer(model, micro_batch_tokens=10_000, lm_head_chunk=0).log_probs(trajs)
+    split = make_trainer(model, micro_batch_tokens=40, lm_head_chunk=7).log_probs(trajs)
+    for a, b in zip(whole, split, strict=True):
+        assert torch.equal(a, b)
+
+
+def _perturb_routers(model: Transformer, scale: float = 2.0) -> None:
+    torch.manual_seed(123)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, MoE):
+                m.router.add_(torch.randn_like(m.router) * scale * m.router.std())
+
+
+def _spy_routes(model: Transformer, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """Record the expert ids every MoE layer actually uses (in layer order)."""
+    seen: list[torch.Tensor] = []
+    original = MoE._route
+
+    def spy(self, scores, routing):  # type: ignore[no-untyped-def]
+        idx, gates = original(self, scores, routing)
+        seen.append(idx.detach().clone())
+        return idx, gates
+
+    monkeypatch.setattr(MoE, "_route", spy)
+    return seen
+
+
+def test_indices_replay_restores_recorded_expert_choice_under_perturbed_router(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tiny_model()
+    trajs = engine_trajectories(model, groups=2)
+    batch = pack([(i, t.segments[0], t) for i, t in enumerate(trajs)])
+    assert batch.routes is not None
+    rows = batch.routed_rows_N
+    recorded = batch.routes.indices[:, rows]  # (L, R, k)
+    _perturb_routers(model)
+    seen = _spy_routes(model, monkeypatch)
+    without = make_trainer(model, replay_experts="off").log_probs(trajs)
+    chosen_off = torch.stack(seen)[:, rows]
+    assert not torch.equal(chosen_off, recorded)  # the perturbation changes the routing
+    seen.clear()
+    with_replay = make_trainer(model, replay_experts="indices").log_probs(trajs)
+    assert torch.equal(torch.stack(seen)[:, rows], recorded)
+    # the replayed forward is nearer the engine's log-probs than the unreplayed one
+    drift = [(lp - behaviour(t)).abs().mean() for lp, t in zip(with_replay, trajs, strict=True)]
+    drift_off = [(lp - behaviour(t)).abs().mean() for lp, t in zip(without, trajs, strict=True)]
+    assert sum(drift) < sum(drift_off)
+
+
+def test_gates_replay_matches_engine_bitwise_and_differs_from_indices_only_after_update() -> None:
+    model = tiny_model()
+    trajs = engine_trajectories(model)
+    trainer = make_trainer(model, replay_experts="indices_and_gates")
+    for traj, logp in zip(trajs, trainer.log_probs(trajs), strict=True):
+        assert torch.equal(logp, behaviour(traj))
+    _perturb_routers(model, scale=0.5)
+    gates = trainer.log_probs(trajs)
+    indices = trainer.log_probs(trajs, replay="indices")
+    assert any(not torch.equal(a, b) for a, b in zip(gates, indices, strict=True))
+
+
+def test_candidate_replay_changes_log_probs_exactly_as_masking_predicts() -> None:
+    model = tiny_model()
+    trajs = engine_trajectories(model, top_p=0.8)
+    on = make_trainer(model, replay_candidates=True).log_probs(trajs)
+    off = make_trainer(model, replay_candidates=False).log_probs(trajs)
+    for traj, lp_on, lp_off in zip(trajs, on, off, strict=True):
+        assert torch.equal(lp_on, behaviour(traj))
+        seg = traj.segments[0]
+        ids = torch.tensor(seg.token_ids)
+        with torch.no_grad():
+            logits = model(ids[None], with_mtp=False).logits[0]
+        policy = [i for i, m in enumerate(seg.policy_mask) if m]
+        full = torch.log_softmax(logits[[i - 1 for i in policy]], -1)
+        # masking to the candidate set C renormalises: log p_C(y) = log p(y) - log sum_C p
+        mass = torch.stack(
+            [
+                torch.logsumexp(full[j, seg.candidate_ids[i]], 0)
+                if seg.candidate_ids[i]
+                else torch.zeros(())
+                for j, i in enumerate(policy)
+            ]
+        )
+        assert torch.allclose(lp_on, lp_off - mass, atol=1e-5)
+        assert torch.allclose(lp_off, token_log_probs(logits[[i - 1 for i in policy]], ids[policy]))
+        assert (mass < 0).any()  # some sets were a strict part of the vocabulary
