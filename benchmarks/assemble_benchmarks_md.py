@@ -1,6 +1,6 @@
 """Rebuild BENCHMARKS.md from its header and the per-area result files in benchmarks/results/.
 
-    .venv/bin/python benchmarks/assemble_benchmarks_md.py
+.venv/bin/python benchmarks/assemble_benchmarks_md.py
 """
 
 from __future__ import annotations
@@ -8,7 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["ledger", "stream", "model", "engine", "vllm_peer", "trainer", "sandboxes", "admission", "job", "gpu"]
+ORDER = [
+    "ledger",
+    "stream",
+    "model",
+    "engine",
+    "vllm_peer",
+    "trainer",
+    "sandboxes",
+    "admission",
+    "job",
+    "gpu",
+]
 
 
 def main() -> None:
