@@ -37,6 +37,7 @@ from rlsys.ledger.stream import RolloutStream
 from rlsys.types import RolloutState as S
 
 CONSUMER = "trainer"
+MAX_UNSTEPPED_BATCHES = 10
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Controller:
         self.stats = RunStats()
         self.samples = 0
         self.consecutive_failures = 0
+        self.unstepped = 0
         self._stop_checked = 0.0
 
     # -- planning and dispatch -----------------------------------------------------------
@@ -240,7 +242,16 @@ class Controller:
         self.ledger.apply(ends)
         self.stream.ack([e for _, e, _ in batch])  # only now: the step is committed
         if not out["stepped"]:
-            return  # everything was filtered: no new version, nothing to publish
+            # Everything was filtered: no new version, nothing to publish. A run of such
+            # batches means no learning signal at all; end loudly instead of spinning.
+            self.unstepped += 1
+            if self.unstepped >= MAX_UNSTEPPED_BATCHES:
+                raise RuntimeError(
+                    f"no learning signal: {self.unstepped} batches in a row were entirely filtered "
+                    "(zero reward variance or stale); the task is too hard or too easy for this policy"
+                )
+            return
+        self.unstepped = 0
         elapsed = time.time() - self.stats.started
         self.samples += len(consumed)
         metrics = {
