@@ -95,16 +95,12 @@ class Controller:
     def _plan_groups(self) -> None:
         # Plan only what the remaining steps can consume, so a finished job leaves (almost)
         # nothing in flight to cancel: cancelled rollouts count as dropped.
-        in_step = (
-            len({rid.split(":")[0] for rid, _, _ in self.train_batch})
-            and self.cfg.trainer.groups_per_step
-        )
+        in_step = self.cfg.trainer.groups_per_step if self.train_batch else 0
         needed = (self.cfg.trainer.steps - self.step) * self.cfg.trainer.groups_per_step - in_step
         while self.book.open_groups < min(self.cfg.rollout.groups_in_flight, needed):
             gid, index = new_id("g"), self.rng.randrange(1 << 30)
-            planned = [
-                PlannedRollout(gid, f"task-{index}") for _ in range(self.cfg.rollout.group_size)
-            ]
+            task_id = f"{self.cfg.rollout.task.get('type', 'task')}/{index}"
+            planned = [PlannedRollout(gid, task_id) for _ in range(self.cfg.rollout.group_size)]
             self.ledger.plan(self.job_id, planned)  # "expected" before anything is dispatched
             self.book.add(gid, index, [p.id for p in planned])
             self.pending += [self._assignment(p, index) for p in planned]
