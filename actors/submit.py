@@ -47,11 +47,21 @@ def submit_job(
     args = [python, "-m", "rlsys.cli", "run", config, "--job-id", job_id] + [
         a for s in sets for a in ("--set", s)
     ]
-    client.submit_job(
-        entrypoint=shlex.join(args),
-        submission_id=job_id,
-        runtime_env=runtime_env or {"working_dir": ".", "excludes": _EXCLUDES},
-    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            client.submit_job(
+                entrypoint=shlex.join(args),
+                submission_id=job_id,
+                runtime_env=runtime_env or {"working_dir": ".", "excludes": _EXCLUDES},
+            )
+            break
+        except RuntimeError as err:
+            # A freshly started head answers before its job agent is up ("No available agent
+            # to submit job, please try again later"): retry that, nothing else.
+            if "No available agent" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(2.0)
     if follow:
         while client.get_job_status(job_id) not in {
             JobStatus.SUCCEEDED,

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,22 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
@@ -28,7 +45,9 @@ def ray_head(tmp_path):
     if ray.is_initialized():  # the in-process cluster of earlier e2e tests
         ray.shutdown()
     gcs, dash = _free_port(), _free_port()
-    subprocess.run(
+    # `--block` keeps the head's processes children of this one `ray start`: terminating it
+    # stops exactly this cluster (`ray stop` would stop every Ray cluster on the machine).
+    head = subprocess.Popen(
         [
             RAY,
             "start",
@@ -38,15 +57,21 @@ def ray_head(tmp_path):
             "--dashboard-host=127.0.0.1",
             "--num-cpus=4",
             "--disable-usage-stats",
+            "--block",
         ],
-        check=True,
-        capture_output=True,
-        timeout=180,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
+        deadline = time.monotonic() + 120
+        while not _answers(dash):
+            assert head.poll() is None and time.monotonic() < deadline, "ray head did not start"
+            time.sleep(0.5)
         yield f"http://127.0.0.1:{dash}"
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        head.terminate()
+        head.wait(timeout=120)
 
 
 def test_submit_runs_the_job_on_the_cluster_and_accounts_for_it(ray_head, tmp_path):
