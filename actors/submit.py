@@ -47,7 +47,7 @@ def submit_job(
     args = [python, "-m", "rlsys.cli", "run", config, "--job-id", job_id] + [
         a for s in sets for a in ("--set", s)
     ]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a loaded 2-core head can take minutes
     while True:
         try:
             client.submit_job(
