@@ -24,6 +24,9 @@ from rlsys.ledger.store import JOB_END_STATUSES, Ledger, insert_planned
 from rlsys.types import NON_TERMINAL_STATES, RolloutState
 
 _LIVE = sorted(s.value for s in NON_TERMINAL_STATES)
+# A worker owns a rollout while it runs it; once scored, the rollout is in the stream and
+# the trainer's hands, so its worker's death cannot lose it.
+_OWNED_BY_WORKER = sorted(s.value for s in (RolloutState.ADMITTED, RolloutState.RUNNING))
 
 
 @dataclass
@@ -40,7 +43,7 @@ def _expired_owner_rows(conn: Connection, job_id: str, now: float) -> list[tuple
         select(Rollout.id, Rollout.owner, Rollout.group_id, Rollout.task_id, Rollout.attempt)
         .where(
             Rollout.job_id == job_id,
-            Rollout.state.in_(_LIVE),
+            Rollout.state.in_(_OWNED_BY_WORKER),
             Rollout.owner.is_not(None),
             Rollout.owner.not_in(live_owner),
         )

@@ -66,3 +66,13 @@ def test_stopping_a_job_cancels_in_flight_rollouts(ledger):
     finish_job(ledger, job, "stopped")
     assert [ledger.rollout_state(r) for r in ids] == ["cancelled"] * 3
     assert stats(ledger, job)["lost"] == 0
+
+
+def test_scored_rollouts_survive_their_workers_death(ledger):
+    """Once scored, a rollout is in the stream: a lapsed worker lease must not end it."""
+    job, ids = planned_job(ledger, 2)
+    advance(ledger, ids, RUNNING, owner="w")
+    ledger.transition(ids[0], S.SCORED, reward=1.0)
+    ledger.release("w")
+    assert reconcile_leases(ledger, job).lost == [ids[1]]
+    assert ledger.rollout_state(ids[0]) == "scored"
