@@ -31,10 +31,13 @@ from rlsys.actors.groups import GroupBook
 from rlsys.config.job import JobConfig
 from rlsys.ledger.queries import stats
 from rlsys.ledger.reconcile import finish_job, reconcile_leases
-from rlsys.ledger.records import PlannedRollout, Transition, new_id
+from rlsys.ledger.records import Event, PlannedRollout, Transition, new_id
 from rlsys.ledger.store import Ledger
 from rlsys.ledger.stream import RolloutStream
+from rlsys.types import TERMINAL_STATES
 from rlsys.types import RolloutState as S
+
+TERMINAL_VALUES = tuple(t.value for t in TERMINAL_STATES)
 
 CONSUMER = "trainer"
 MAX_UNSTEPPED_BATCHES = 10
@@ -133,7 +136,7 @@ class Controller:
         try:
             result = ray.get(ref)
         except (RayActorError, RayTaskError) as err:
-            self._on_worker_failure(worker, err)
+            self._on_worker_failure(worker, err, a)
             return
         rid = result["rollout_id"]
         if result["state"] == S.SCORED.value:
@@ -153,7 +156,7 @@ class Controller:
                 f"{result['state']}: {reason}"
             )
 
-    def _on_worker_failure(self, worker: str, err: BaseException) -> None:
+    def _on_worker_failure(self, worker: str, err: BaseException, first: dict[str, Any]) -> None:
         """A worker died: end its rollouts as lost (with linked retries) and replace it."""
         if worker not in self.h.workers:
             return  # already handled for another of its in-flight rollouts
@@ -181,14 +184,52 @@ class Controller:
                             "session_id": new_id("s"),
                         }
                     )
-        # Rollouts of this worker still in `self.running` fail their refs too: drop them here,
-        # their ledger rows are already ended by the reconciliation above.
-        for ref, (w, _a) in list(self.running.items()):
+        # Every other rollout dispatched to this worker fails its ref too. Those it had started
+        # were ended by the reconciliation above; one it never started is still `planned` and
+        # goes back to the queue; one it scored but never handed over lost its trajectory
+        # with the worker, so it ends as lost and is retried like the others.
+        handled = set(result.lost)
+        dropped = [first]
+        for ref, (w, a) in list(self.running.items()):
             if w == worker:
                 del self.running[ref]
+                dropped.append(a)
+        # Slots its requests held on the replicas would otherwise never be released.
+        ray.get(self.h.admission.cancel_sessions.remote([a["session_id"] for a in dropped]))
+        for a in dropped:
+            rid = a["rollout_id"]
+            if rid in handled:
+                continue
+            state = self.ledger.rollout_state(rid)
+            if state == S.PLANNED.value:
+                self.pending.append(a)
+            elif state not in (None, *TERMINAL_VALUES):
+                self._end_lost_and_retry(rid, a, f"worker {worker} died before handing it over")
         replacement = f"worker-{new_id('w')[2:10]}"
         self.h.workers[replacement] = self.make_worker(replacement)
         self.slots[replacement] = 0
+
+    def _end_lost_and_retry(self, rid: str, a: dict[str, Any], reason: str) -> None:
+        self.ledger.apply([Transition(rid, S.FAILED_WORKER_LOST, reason=reason)])
+        retry = None
+        if self.cfg.rollout.retry_lost and self.cfg.rollout.max_attempts > 1:
+            planned = PlannedRollout(
+                a["group_id"],
+                f"{self.cfg.rollout.task.get('type', 'task')}/{a['task_index']}",
+                attempt=1,
+                retry_of=rid,
+            )
+            self.ledger.plan(self.job_id, [planned])
+            self.ledger.record_events(
+                [
+                    Event(rid, self.job_id, "retried_as", data={"rollout_id": planned.id}),
+                    Event(planned.id, self.job_id, "retry_of", data={"rollout_id": rid}),
+                ]
+            )
+            retry = planned.id
+            self.pending.append(self._assignment(planned, a["task_index"]))
+        if rid in self.book.group_of:
+            self.book.failed(rid, retry)
 
     # -- training --------------------------------------------------------------------------
     def _maybe_start_step(self) -> None:

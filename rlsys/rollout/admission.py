@@ -72,6 +72,7 @@ class AdmissionScheduler:
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.session_replica: dict[str, str] = {}
         self.request_replica: dict[str, str] = {}
+        self.request_session: dict[str, str] = {}
         self._rr = itertools.cycle(replica_ids)
         self.metrics = {"grants": 0, "waits": 0, "queue_full": 0, "migrations": 0}
 
@@ -113,6 +114,7 @@ class AdmissionScheduler:
         rid, moved = self._choose(session_id, request_id)
         self.session_replica[session_id] = rid
         self.request_replica[request_id] = rid
+        self.request_session[request_id] = session_id
         slots = self.replicas[rid]
         if request_id not in slots.waiting and len(slots.waiting) < slots.max_queue:
             slots.waiting.append(request_id)
@@ -132,6 +134,7 @@ class AdmissionScheduler:
     def release(self, request_id: str) -> None:
         """Free the slot a granted request held."""
         rid = self.request_replica.pop(request_id, None)
+        self.request_session.pop(request_id, None)
         if rid is None or request_id not in self.replicas[rid].running:
             raise KeyError(f"release of request {request_id!r} that holds no slot")
         self.replicas[rid].running.discard(request_id)
@@ -139,11 +142,19 @@ class AdmissionScheduler:
     def cancel(self, request_id: str) -> None:
         """Forget a request that gave up while waiting (or whose worker died)."""
         rid = self.request_replica.pop(request_id, None)
+        self.request_session.pop(request_id, None)
         if rid is not None:
             slots = self.replicas[rid]
             slots.running.discard(request_id)
             if request_id in slots.waiting:
                 slots.waiting.remove(request_id)
+
+    def cancel_sessions(self, session_ids: list[str]) -> int:
+        """Free every slot and queue place held for these sessions (their worker died)."""
+        doomed = [r for r, s in self.request_session.items() if s in set(session_ids)]
+        for request_id in doomed:
+            self.cancel(request_id)
+        return len(doomed)
 
     def mark_dead(self, replica_id: str) -> list[str]:
         """Take a replica out; its requests are forgotten and re-acquire elsewhere."""

@@ -108,3 +108,11 @@ def test_client_records_wait_retry_and_migration_events():
     assert [k for k, _ in events] == ["replica_dead", "migration"]
     assert events[1][1] == {"from": "a", "to": "b"}
     assert sched.snapshot()["b"]["running"] == 0
+
+
+def test_a_dead_workers_sessions_give_their_slots_back():
+    s = AdmissionScheduler(["a"], max_running=1)
+    assert s.acquire("s1", "r1").granted
+    assert not s.acquire("s2", "r2").granted
+    assert s.cancel_sessions(["s1"]) == 1
+    assert s.acquire("s2", "r2").granted
