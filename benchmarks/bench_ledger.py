@@ -15,12 +15,10 @@ import argparse
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from rlsys.ledger.records import Event, PlannedRollout, Transition
+from rlsys.ledger.scratch import scratch_postgres_database
 from rlsys.ledger.store import Ledger
 from rlsys.types import RolloutState as S
 
@@ -86,14 +84,6 @@ def sqlite_url(tmp: Path) -> str:
     return f"sqlite:///{tmp / 'bench.db'}"
 
 
-def postgres_url() -> tuple[str, sa.Engine, str]:
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    name = f"rlsys_bench_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    return sa.make_url(PG_ADMIN).set(database=name).render_as_string(False), admin, name
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=20_000)
@@ -105,14 +95,10 @@ def main() -> None:
             lg = Ledger.open(sqlite_url(Path(tmp)))
             rows.append(("sqlite", wave, run_lifecycle(lg, args.rollouts, wave)))
             lg.close()
-        url, admin, name = postgres_url()
-        try:
+        with scratch_postgres_database(PG_ADMIN, "rlsys_bench") as url:
             lg = Ledger.open(url)
             rows.append(("postgresql", wave, run_lifecycle(lg, args.rollouts, wave)))
             lg.close()
-        finally:
-            with admin.connect() as conn:
-                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     print(f"rollouts={args.rollouts}; per rollout: 6 transitions + 10 events")
     print(
         f"{'backend':<11} {'wave':>5} {'transitions/s':>14} {'rows/s':>10} {'p50 ms':>8} {'p99 ms':>8}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -43,19 +42,10 @@ def require_service(name: str, host: str, port: int) -> None:
 def pg_database_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
     require_service("PostgreSQL", PG_HOST, PG_PORT)
-    import sqlalchemy as sa
+    from rlsys.ledger.scratch import scratch_postgres_database
 
-    name = f"rlsys_t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    try:
+    with scratch_postgres_database(PG_ADMIN_URL, "rlsys_t") as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
