@@ -16,6 +16,7 @@ class Group:
     group_id: str
     task_index: int
     members: set[str] = field(default_factory=set)
+    planned_version: int = 0  # policy version when planned: its tokens are this or newer
     scored: dict[str, tuple[str, Any]] = field(default_factory=dict)  # rid -> (entry id, traj)
 
     @property
@@ -33,8 +34,10 @@ class GroupBook:
         self.groups: dict[str, Group] = {}
         self.group_of: dict[str, str] = {}
 
-    def add(self, group_id: str, task_index: int, rollout_ids: list[str]) -> None:
-        self.groups[group_id] = Group(group_id, task_index, set(rollout_ids))
+    def add(self, group_id: str, task_index: int, rollout_ids: list[str], version: int = 0) -> None:
+        self.groups[group_id] = Group(
+            group_id, task_index, set(rollout_ids), planned_version=version
+        )
         for rid in rollout_ids:
             self.group_of[rid] = group_id
 
@@ -59,6 +62,11 @@ class GroupBook:
         for gid in dead:
             del self.groups[gid]
         return len(dead)
+
+    def oldest_open_version(self) -> int | None:
+        """The planned version of the oldest open group (None if none is open)."""
+        versions = [g.planned_version for g in self.groups.values() if not g.dead]
+        return min(versions) if versions else None
 
     @property
     def open_groups(self) -> int:

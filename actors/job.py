@@ -127,6 +127,7 @@ def run_job(
             steps=controller.stats.steps,
             worker_deaths=controller.stats.worker_deaths,
             stale_filtered=controller.stats.stale_filtered,
+            staleness_holds=controller.stats.staleness_holds,
         )
         return out
     finally:

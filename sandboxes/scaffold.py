@@ -34,6 +34,7 @@ from rlsys.engine.api import GenerationRequest, GenerationResult, Generator, Sam
 from rlsys.sandboxes.compaction import STATE_CLOSE, CompactionConfig, extract_state, resume_prompt
 from rlsys.sandboxes.events import EventSink
 from rlsys.sandboxes.failures import RolloutAbort, RolloutFailure, describe, tail
+from rlsys.sandboxes.latency import ToolLatencyConfig, tool_delay_s
 from rlsys.sandboxes.profile import RolloutProfile, profile_trajectory
 from rlsys.sandboxes.tasks.base import Episode, SandboxFactory, Task, Verdict
 from rlsys.sandboxes.toolcall import TOOL_STOP_STRINGS, FinalAnswer, ToolCallError, parse_action
@@ -62,6 +63,9 @@ class ScaffoldConfig(BaseModel):
     blocked_hack_penalty: float = Field(-0.5, le=0.0, description="Per refused hack attempt.")
     rollout_timeout_s: float = Field(600.0, gt=0, description="Wall limit of one rollout.")
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    tool_latency: ToolLatencyConfig | None = Field(
+        None, description="Simulated environment delay before each observation (benchmarks)."
+    )
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -252,6 +256,9 @@ class AgentLoop:
         return result
 
     def _observe(self, text: str) -> list[int]:
+        if self.config.tool_latency is not None:  # the environment answers late, never differently
+            turn = self.progress.turn - 1
+            time.sleep(tool_delay_s(self.config.tool_latency, self.traj.rollout_id, turn))
         body = self.tok.encode(text)
         limit = self.config.max_observation_tokens
         if len(body) > limit:

@@ -63,7 +63,17 @@ class SamplingSection(_Section):
 class RolloutSection(_Section):
     workers: int = Field(2, ge=1, le=1024, description="Rollout worker actors.")
     group_size: int = Field(8, ge=1, le=1024, description="Rollouts per prompt (a group).")
-    groups_in_flight: int = Field(4, ge=1, description="Groups dispatched and not yet trained.")
+    groups_in_flight: int = Field(
+        4, ge=1, description="Groups planned and not yet trained (the one training included)."
+    )
+    pipeline: Literal["async", "sync"] = Field(
+        "async",
+        description=(
+            "async: generation keeps running while the trainer steps (staleness <= "
+            "algo.max_staleness); sync: generate one step's groups, train, publish, repeat "
+            "(the baseline; staleness 0)."
+        ),
+    )
     concurrency_per_worker: int = Field(
         4, ge=1, le=256, description="Rollouts a worker runs at once."
     )
@@ -89,12 +99,18 @@ class WarmStartSection(_Section):
     demonstrations: int = Field(256, ge=1, description="Demonstrations generated from the task.")
     lr: float = Field(3e-3, gt=0, description="Learning rate of the warm start.")
     batch_size: int = Field(16, ge=1, description="Demonstrations per warm-start step.")
+    content_weight: float = Field(
+        0.0, ge=0, description="Extra loss weight on the tokens that carry the answer."
+    )
 
 
 class TrainerSection(_Section):
     steps: int = Field(20, ge=1, description="Optimiser steps of the RL phase.")
     groups_per_step: int = Field(4, ge=1, description="Groups consumed per optimiser step.")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate (after the warm-up).")
+    warmup_steps: int = Field(
+        10, ge=0, description="Steps of linear learning-rate warm-up of the RL phase."
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     replay_experts: Literal["off", "indices", "indices_and_gates"] = Field(
@@ -145,6 +161,14 @@ class JobConfig(_Section):
                 "trainer.groups_per_step must be <= rollout.groups_in_flight "
                 f"({self.trainer.groups_per_step} > {self.rollout.groups_in_flight}): "
                 "the trainer would wait forever for groups that are never dispatched"
+            )
+        lookahead = self.trainer.groups_per_step * (self.algo.max_staleness + 1)
+        if self.rollout.pipeline == "async" and self.rollout.groups_in_flight > lookahead:
+            raise ValueError(
+                f"rollout.groups_in_flight ({self.rollout.groups_in_flight}) must be <= "
+                "trainer.groups_per_step * (algo.max_staleness + 1) "
+                f"({lookahead}): more groups would be generated than can be trained "
+                "before they go stale"
             )
         if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
             raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")

@@ -33,9 +33,15 @@ def test_quickstart_config_is_valid():
         (("rollout.sandbox.type=vm",), "rollout.sandbox"),
         (("rollout.scaffold.temperature=0.5",), "rollout.scaffold: set ['temperature']"),
         (
-            ("trainer.groups_per_step=9",),
+            ("trainer.groups_per_step=13",),
             "trainer.groups_per_step must be <= rollout.groups_in_flight",
         ),
+        (
+            ("algo.max_staleness=0",),
+            "rollout.groups_in_flight (12) must be <= trainer.groups_per_step * "
+            "(algo.max_staleness + 1) (8)",
+        ),
+        (("rollout.pipeline=lockstep",), "rollout.pipeline: Input should be 'async' or 'sync'"),
         (("engine.num_gpus=1",), "engine.num_gpus"),
     ],
 )

@@ -256,3 +256,21 @@ def test_verifier_crash_is_failed_reward_not_zero():
 def test_a_prompt_that_cannot_fit_one_turn_is_a_config_error():
     with pytest.raises(ValueError, match="context_budget"):
         _run(ReplayGenerator([_answer()]), ScaffoldConfig(context_budget=200, max_new_tokens=128))
+
+
+def test_tool_latency_delays_each_observation_deterministically_and_is_capped():
+    import time
+
+    from rlsys.sandboxes.latency import ToolLatencyConfig, tool_delay_s
+
+    cfg = ToolLatencyConfig(median_s=0.5, sigma=1.5, max_s=4.0)
+    draws = [tool_delay_s(cfg, f"r{i}", 0) for i in range(2000)]
+    assert draws == [tool_delay_s(cfg, f"r{i}", 0) for i in range(2000)]
+    assert max(draws) <= 4.0 and min(draws) > 0
+    median = sorted(draws)[1000]
+    assert 0.4 < median < 0.6 and sum(d > 5 * median for d in draws) > 20  # a long tail
+    fixed = ScaffoldConfig(tool_latency=ToolLatencyConfig(median_s=0.15, sigma=0.0))
+    started = time.monotonic()
+    outcome, _ = _run(ReplayGenerator(["<tool>broken", _calc(), _answer()]), fixed)
+    assert outcome.trajectory.reward == 1.0  # the environment is late, never different
+    assert time.monotonic() - started >= 2 * 0.15  # two observations, each delayed

@@ -1,0 +1,34 @@
+"""The controller's group bookkeeping: readiness, failures, retries, and the oldest open
+group (what the staleness gate protects)."""
+
+import pytest
+
+from rlsys.actors.groups import GroupBook
+
+pytestmark = pytest.mark.unit
+
+
+def test_ready_groups_come_out_oldest_first_and_stragglers_are_tracked():
+    book = GroupBook()
+    book.add("g0", 0, ["a", "b"], version=0)
+    book.add("g1", 1, ["c", "d"], version=1)
+    book.add("g2", 2, ["e"], version=2)
+    assert book.oldest_open_version() == 0
+    for rid, g in (("c", "x"), ("d", "x"), ("e", "x")):
+        book.scored(rid, g, None)
+    book.scored("a", "x", None)
+    assert book.oldest_open_version() == 0  # g0 still waits for "b"
+    assert [g.group_id for g in book.take_ready(5)] == ["g1", "g2"]
+    book.failed("b", retry_id="b2")  # a lost member is replaced by its retry
+    assert book.oldest_open_version() == 0 and not book.groups["g0"].ready
+    book.scored("b2", "x", None)
+    assert [g.group_id for g in book.take_ready(1)] == ["g0"]
+    assert book.oldest_open_version() is None
+
+
+def test_a_group_whose_members_all_failed_is_dead_not_a_straggler():
+    book = GroupBook()
+    book.add("g0", 0, ["a"], version=3)
+    book.failed("a")
+    assert book.oldest_open_version() is None
+    assert book.drop_dead() == 1 and book.open_groups == 0
