@@ -59,7 +59,11 @@ class TrainerActor:
         task = build_task(parse_task_config(self.cfg.rollout.task))
         sandbox = partial(open_sandbox, parse_sandbox_config(self.cfg.rollout.sandbox))
         demos = make_demonstrations(
-            task, self.cfg.seed + 7919, ws.demonstrations, sandbox, scaffold_config(self.cfg)
+            task,
+            self.cfg.seed + 7919,
+            ws.demonstrations,
+            sandbox,
+            scaffold_config(self.cfg),
         )
         losses = supervised_warm_start(
             self.model,
@@ -70,6 +74,8 @@ class TrainerActor:
             options=self.trainer.logprob_options,
             grad_clip=self.cfg.trainer.grad_clip,
             seed=self.cfg.seed,
+            content_ids=task.content_token_ids,
+            content_weight=ws.content_weight,
         )
         return {"demonstrations": len(demos), "nll_first": losses[0], "nll_last": losses[-1]}
 

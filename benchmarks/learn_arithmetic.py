@@ -10,6 +10,7 @@ Usage:
   python benchmarks/learn_arithmetic.py [--steps 10] [--groups 4] [--group-size 8]
       [--warm-steps 40] [--zero-center on|off] [--threads 2] [--seed 0]
       [--max-factor 9] [--max-addend 9]   (operand ranges; the task's default is 99/99)
+      [--content-weight 1.0] [--instructions on|off]   (warm-start loss; prompt)
 """
 
 from __future__ import annotations
@@ -100,9 +101,13 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     torch.manual_seed(args.seed)
     model = Transformer(preset("small"))
     task = ArithmeticTask(
-        ArithmeticTaskConfig(max_factor=args.max_factor, max_addend=args.max_addend)
+        ArithmeticTaskConfig(
+            max_factor=args.max_factor,
+            max_addend=args.max_addend,
+            instructions=args.instructions == "on",
+        )
     )
-    cfg = TrainerSection(lr=args.lr, zero_center=args.zero_center == "on")
+    cfg = TrainerSection(lr=args.lr, warmup_steps=args.warmup, zero_center=args.zero_center == "on")
     trainer = Trainer(model, cfg, AlgoConfig(max_staleness=0))
     started = time.perf_counter()
     demos = make_demonstrations(task, args.seed, args.demos, no_sandbox, SCAFFOLD)
@@ -114,10 +119,13 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         batch_size=16,
         options=trainer.logprob_options,
         seed=args.seed,
+        content_ids=task.content_token_ids,
+        content_weight=args.content_weight,
     )
     warm_s = time.perf_counter() - started
     print(
-        f"warm start: {args.warm_steps} steps, NLL {warm[0]:.3f} -> {warm[-1]:.3f}, {warm_s:.0f}s"
+        f"warm start: {args.warm_steps} steps, NLL {warm[0]:.3f} -> {warm[-1]:.3f}, {warm_s:.0f}s",
+        flush=True,
     )
     engine_cfg = EngineConfig(
         max_running=64, max_context_tokens=SCAFFOLD.context_budget, seed=args.seed
@@ -125,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     rng = random.Random(f"train:{args.seed}")
     with InferenceEngine(model.cfg, engine_cfg, model.state_dict(), trainer.version) as engine:
         before = evaluate(engine, task, args.eval, args.seed)
-        print(f"eval reward before RL: {before:.3f} ({args.eval} rollouts)")
+        print(f"eval reward before RL: {before:.3f} ({args.eval} rollouts)", flush=True)
         print(
             "| step | reward mean | failed | samples | loss | entropy | drift max | gen s | train s |"
         )
@@ -159,10 +167,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-factor", type=int, default=9, help="largest a and b of a*b+c")
     p.add_argument("--max-addend", type=int, default=9, help="largest c of a*b+c")
-    p.add_argument("--demos", type=int, default=128)
+    p.add_argument("--demos", type=int, default=1024)
     p.add_argument("--warm-steps", type=int, default=40)
     p.add_argument("--warm-lr", type=float, default=3e-3)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--instructions", choices=["on", "off"], default="off")
+    p.add_argument("--content-weight", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=10, help="RL learning-rate warm-up steps")
     p.add_argument("--zero-center", choices=["on", "off"], default="on")
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)

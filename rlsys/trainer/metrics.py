@@ -1,8 +1,10 @@
 """What one trainer step reports (DESIGN.md section 5, `monitor --json`).
 
 Token-level quantities (entropy, importance weight, log-prob drift) are averaged over the
-step's policy tokens, accumulated across micro-batches; sample-level ones (staleness,
-reward) over the step's kept samples. `as_dict` gives the JSON shape the monitor prints.
+step's policy tokens, accumulated across micro-batches; staleness over the step's kept
+samples; `reward_mean` over every sample the step consumed (filtered ones included: a
+zero-variance group of failures is still the policy failing), `reward_mean_kept` over the
+kept ones. `as_dict` gives the JSON shape the monitor prints.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class StepMetrics:
     staleness_mean: float = 0.0
     staleness_max: int = 0
     reward_mean: float = 0.0
+    reward_mean_kept: float = 0.0
     grad_norm: float = 0.0
     grad_clamp_clipped: int = 0
     critic_loss: float = 0.0

@@ -22,6 +22,8 @@ from rlsys.sandboxes.tasks.base import SandboxFactory, TaskInstance, Verdict
 from rlsys.sandboxes.toolcall import format_answer, format_tool_call
 from rlsys.sandboxes.tools import Tool, ToolContext, select_tools
 
+DIGIT_IDS = frozenset(b"0123456789")  # byte-level token ids of the digits
+
 
 class ArithmeticTaskConfig(BaseModel):
     """Ranges of the operands of a*b+c."""
@@ -32,6 +34,13 @@ class ArithmeticTaskConfig(BaseModel):
     min_factor: int = Field(2, ge=0, description="Smallest a and b.")
     max_factor: int = Field(99, ge=1, le=10**6, description="Largest a and b.")
     max_addend: int = Field(99, ge=0, le=10**6, description="Largest c (smallest is 0).")
+    instructions: bool = Field(
+        True,
+        description=(
+            "Spell out the tool protocol in the prompt. A policy trained from scratch cannot "
+            "read it (the warm start teaches the protocol), and it costs ~70 tokens a turn."
+        ),
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> ArithmeticTaskConfig:
@@ -70,10 +79,13 @@ class ArithmeticTask:
         a = rng.randint(cfg.min_factor, cfg.max_factor)
         b = rng.randint(cfg.min_factor, cfg.max_factor)
         c = rng.randint(0, cfg.max_addend)
-        prompt = (
-            f'Compute {a}*{b}+{c}. Use <tool name="calculator">expression</tool>, '
-            "then reply <answer>number</answer>.\n"
-        )
+        # Instructions first, question last: the operands sit a short, fixed distance
+        # before the policy's first turn, where a small model learns to copy them soonest.
+        prompt = f"Compute {a}*{b}+{c}.\n"
+        if cfg.instructions:
+            prompt = 'Use <tool name="calculator">expression</tool>, then reply ' + (
+                f"<answer>number</answer>.\n{prompt}"
+            )
         data = {"a": a, "b": b, "c": c, "result": a * b + c}
         return TaskInstance(self.name, index, prompt, data)
 
@@ -86,3 +98,7 @@ class ArithmeticTask:
             format_tool_call("calculator", f"{d['a']}*{d['b']}+{d['c']}"),
             format_answer(str(d["result"])),
         ]
+
+    @property
+    def content_token_ids(self) -> frozenset[int]:
+        return DIGIT_IDS

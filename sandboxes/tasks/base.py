@@ -3,7 +3,8 @@
 A `Task` makes deterministic instances (the same index gives the same prompt and hidden
 data on every machine), starts an `Episode` per rollout (tools, their context, the
 sandbox it owns), and knows a correct sequence of policy turns for any instance
-(`oracle_turns`), from which demonstrations are built.
+(`oracle_turns`), from which demonstrations are built. A task also names the token
+ids that carry an answer (`content_token_ids`), which a warm start may weight up.
 
 Invariants:
 - `Episode.score` returns a `Verdict` or raises `RolloutAbort` (a broken sandbox during
@@ -60,3 +61,8 @@ class Task(Protocol):
     def start(self, instance: TaskInstance, open_sandbox: SandboxFactory) -> Episode: ...
 
     def oracle_turns(self, instance: TaskInstance) -> list[str]: ...
+
+    @property
+    def content_token_ids(self) -> frozenset[int]:
+        """Token ids that carry the answer in a demonstration (empty: no distinction)."""
+        ...

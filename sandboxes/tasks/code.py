@@ -142,3 +142,7 @@ class CodeTask:
             format_tool_call("run", f"python3 {TEST_FILE}"),
             format_answer("done"),
         ]
+
+    @property
+    def content_token_ids(self) -> frozenset[int]:
+        return frozenset()

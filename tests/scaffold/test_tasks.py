@@ -219,3 +219,16 @@ def test_paths_outside_the_workspace_are_observations_not_failures(bwrap):
     assert outcome.failure is None and outcome.trajectory.turn_penalties == {}
     text = TOK.decode(outcome.trajectory.segments[0].token_ids)
     assert "is not a file path inside the workspace" in text and "cannot read /etc/passwd" in text
+
+
+def test_arithmetic_names_its_answer_digits_and_the_prompt_can_drop_instructions():
+    from rlsys.sandboxes.tasks.arithmetic import DIGIT_IDS, ArithmeticTask, ArithmeticTaskConfig
+    from rlsys.sandboxes.tasks.code import CodeTask
+
+    assert ArithmeticTask().content_token_ids == DIGIT_IDS == frozenset(range(48, 58))
+    assert CodeTask().content_token_ids == frozenset()
+    full = ArithmeticTask().instance(5)
+    terse = ArithmeticTask(ArithmeticTaskConfig(instructions=False)).instance(5)
+    d = full.data
+    assert terse.prompt == f"Compute {d['a']}*{d['b']}+{d['c']}.\n"
+    assert full.prompt.endswith(terse.prompt) and "calculator" in full.prompt

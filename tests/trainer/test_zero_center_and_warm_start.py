@@ -69,3 +69,33 @@ def test_warm_start_lowers_the_demonstrations_negative_log_likelihood() -> None:
     assert losses[-1] < 0.7 * losses[0]
     trainer = make_trainer(model)
     assert trainer.version == 0  # the warm start is version 0 for the engine
+
+
+def test_content_weight_adds_the_content_tokens_mean_nll_to_the_loss() -> None:
+    """Same data, same seed: the extra term changes the update (only when content exists)
+    and the reported NLL stays the plain mean over policy tokens."""
+    demos = engine_trajectories(tiny_model(seed=7), groups=2, group_size=2)
+    opts = LogProbOptions(valid_vocab=tiny_model().cfg.vocab_size)
+    targets = {
+        t
+        for d in demos
+        for s in d.segments
+        for t, m in zip(s.token_ids, s.policy_mask, strict=True)
+        if m
+    }
+    content = frozenset(sorted(targets)[: max(1, len(targets) // 4)])
+
+    def one_step(ids: frozenset[int], weight: float) -> tuple[list[float], dict]:
+        model = tiny_model()
+        kw = {"content_ids": ids, "content_weight": weight}
+        losses = supervised_warm_start(
+            model, demos, steps=1, lr=1e-2, batch_size=4, options=opts, **kw
+        )
+        return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+    plain_loss, plain = one_step(frozenset(), 0.0)
+    weighted_loss, weighted = one_step(content, 2.0)
+    absent_loss, absent = one_step(frozenset({10**6}), 2.0)  # no such token: no extra term
+    assert plain_loss == weighted_loss == absent_loss  # the first step reports the plain NLL
+    assert any(not torch.equal(plain[k], weighted[k]) for k in plain)
+    assert all(torch.equal(plain[k], absent[k]) for k in plain)
