@@ -20,6 +20,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -96,7 +97,7 @@ def evaluate(engine: InferenceEngine, task: ArithmeticTask, n: int, seed: int) -
     return sum(collect(engine, task, indices, 1, "eval").rewards) / n
 
 
-def run(args: argparse.Namespace) -> dict[str, float]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = Transformer(preset("small"))
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         rl_s = time.perf_counter() - rl_started
         after = evaluate(engine, task, args.eval, args.seed)
     print(f"eval reward after RL: {after:.3f}; RL wall time {rl_s:.0f}s ({args.steps} steps)")
-    return {"before": before, "after": after, "rl_s": rl_s, "warm_s": warm_s}
+    return {"before": before, "after": after, "rl_s": rl_s, "warm_s": warm_s, "curve": curve}
 
 
 def parser() -> argparse.ArgumentParser:
