@@ -34,13 +34,17 @@ def _pad_rows(x: Tensor, multiple: int) -> Tensor:
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
-    """`x @ w.T` for x (..., K), w (N, K), row-invariant; computed in w's dtype."""
+    """`x @ w.T` for x (..., K), w (N, K), row-invariant; computed in w's dtype.
+
+    Columns are tiled too (`matmul_nt`): every product is a fixed (ROW_TILE, K) x
+    (K, COL_TILE) item, so an output column's value does not depend on N either. A
+    column-parallel shard (N / degree columns) then computes the same bits as the full
+    matrix; with one (K, N) item per row tile, some BLAS builds (seen on AMD EPYC) pick
+    a K blocking by N and the TP shards drifted by 1 ulp.
+    """
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).to(w.dtype)
-    m = rows.shape[0]
-    items = _pad_rows(rows, ROW_TILE).view(-1, ROW_TILE, k)
-    out = torch.bmm(items, w.t().unsqueeze(0).expand(items.shape[0], k, w.shape[0]))
-    return out.reshape(-1, w.shape[0])[:m].reshape(*lead, w.shape[0])
+    return matmul_nt(rows, w).reshape(*lead, w.shape[0])
 
 
 def matmul_nt(a: Tensor, b: Tensor) -> Tensor:

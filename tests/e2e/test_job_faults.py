@@ -22,7 +22,8 @@ def _rows(cfg, sql):
 
 
 def test_killed_worker_and_replica_lose_nothing(tiny_job):
-    cfg = tiny_job(steps=4)
+    # A full window (groups being trained count in it), so the worker is busy when killed.
+    cfg = tiny_job(4, "rollout.groups_in_flight=6")
     killed = {}
 
     def on_step(m):
