@@ -22,8 +22,15 @@ def _rows(cfg, sql):
 
 
 def test_killed_worker_and_replica_lose_nothing(tiny_job):
-    # A full window (groups being trained count in it), so the worker is busy when killed.
-    cfg = tiny_job(4, "rollout.groups_in_flight=6")
+    # A full window, and an environment that answers each action after 1 s, so the worker
+    # is mid-rollout when it is killed (the tiny model's rollouts otherwise all finish
+    # while step 1 trains, and the kill would find it idle).
+    cfg = tiny_job(
+        4,
+        "rollout.groups_in_flight=6",
+        "rollout.scaffold.tool_latency.median_s=1.0",
+        "rollout.scaffold.tool_latency.sigma=0",
+    )
     killed = {}
 
     def on_step(m):
