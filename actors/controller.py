@@ -266,9 +266,14 @@ class Controller:
         self.train_ref = self.h.trainer.step.remote([t for _, _, t in batch], self.version)
 
     def _would_strand_a_straggler(self) -> bool:
-        """After this step the version is v+1; a group left open, planned at version u, is
-        then trained at v+1 or later, which must stay within the staleness bound."""
-        oldest = self.book.oldest_open_version()
+        """After this step the version is v+1; a group still generating, planned at version
+        u, is then trained at v+1 or later, which must stay within the staleness bound.
+
+        Only a group still generating is waited for: a ready group left over cannot get
+        any fresher by waiting (with the validated window that happens only after faults,
+        e.g. retries of a dead worker's rollouts), so the step goes ahead and it is
+        filtered stale rather than the job stalling."""
+        oldest = self.book.oldest_unready_version()
         if oldest is None or self.version + 1 - oldest <= self.cfg.algo.max_staleness:
             self._holding = False
             return False

@@ -68,6 +68,11 @@ class GroupBook:
         versions = [g.planned_version for g in self.groups.values() if not g.dead]
         return min(versions) if versions else None
 
+    def oldest_unready_version(self) -> int | None:
+        """The planned version of the oldest group still generating (None if none is)."""
+        versions = [g.planned_version for g in self.groups.values() if not g.ready and not g.dead]
+        return min(versions) if versions else None
+
     @property
     def open_groups(self) -> int:
         return len(self.groups)

@@ -32,3 +32,12 @@ def test_a_group_whose_members_all_failed_is_dead_not_a_straggler():
     book.failed("a")
     assert book.oldest_open_version() is None
     assert book.drop_dead() == 1 and book.open_groups == 0
+
+
+def test_only_groups_still_generating_count_as_stragglers():
+    book = GroupBook()
+    book.add("old", 0, ["a"], version=0)
+    book.add("new", 1, ["b"], version=2)
+    assert book.oldest_unready_version() == 0 and book.oldest_open_version() == 0
+    book.scored("a", "x", None)  # ready: waiting cannot make it fresher
+    assert book.oldest_unready_version() == 2 and book.oldest_open_version() == 0
