@@ -4,9 +4,9 @@ Data flow (DESIGN.md section 3), and the invariants this loop keeps:
 - a group's rollouts are written to the ledger as `planned` before any is dispatched;
 - at most `rollout.groups_in_flight` groups are open (planned and not yet trained), and
   generation keeps running while the trainer steps (async);
-- a step that would push an open group past `algo.max_staleness` waits for it to be
-  trainable (a straggler is held for, not thrown away): samples end `filtered_stale`
-  only when the bound is broken anyway (a resumed job, a retried rollout);
+- a step that would push a group still generating past `algo.max_staleness` waits for it
+  (a straggler is held for, not thrown away); samples end `filtered_stale` only when the
+  bound is broken anyway (ready leftovers after a fault, a resumed job);
 - a scored trajectory goes through the rollout stream; the trainer's consumer acknowledges
   its entry only after the optimiser step that consumed it is checkpointed and its
   rollouts are `trained` (or filtered) in the ledger;
