@@ -31,6 +31,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from rlsys.actors.groups import GroupBook
+from rlsys.actors.weight_publish import make_publisher
 from rlsys.config.job import JobConfig
 from rlsys.ledger.queries import stats
 from rlsys.ledger.reconcile import finish_job, reconcile_leases
@@ -60,6 +61,7 @@ class RunStats:
     worker_deaths: int = 0
     stale_filtered: int = 0
     staleness_holds: int = 0  # times a ready step started waiting for a straggler
+    replicas_dropped: list[str] = field(default_factory=list)  # died, found by a publication
     started: float = field(default_factory=time.time)
 
 
@@ -86,6 +88,7 @@ class Controller:
         self.step, self.version = start_step, start_version
         self.on_step, self.should_stop = on_step or (lambda m: None), should_stop
         self.book = GroupBook()
+        self.publisher = make_publisher(cfg.engine)
         self.rng = random.Random(cfg.seed * 1_000_003 + start_step)
         self.pending: list[dict[str, Any]] = []  # assignments not yet dispatched
         self.running: dict[Any, tuple[str, dict[str, Any]]] = {}  # ref -> (worker, assignment)
@@ -344,16 +347,10 @@ class Controller:
         A replica that died is dropped here and marked dead in admission (its sessions
         migrate); the job goes on while at least one replica lives.
         """
-        state = self.h.trainer.weights.remote()
-        refs = {
-            rid: r.update_weights.remote(state, self.version) for rid, r in self.h.replicas.items()
-        }
-        for rid, ref in refs.items():
-            try:
-                ray.get(ref)
-            except RayActorError:
-                del self.h.replicas[rid]
-                ray.get(self.h.admission.mark_dead.remote(rid))
+        for rid in self.publisher.publish(self.h.trainer, self.h.replicas, self.version):
+            del self.h.replicas[rid]
+            ray.get(self.h.admission.mark_dead.remote(rid))
+            self.stats.replicas_dropped.append(rid)
         if not self.h.replicas:
             raise RuntimeError("every engine replica has died")
 

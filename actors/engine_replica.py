@@ -1,8 +1,10 @@
 """An engine replica: the native `InferenceEngine` as a Ray actor.
 
 Threaded actor (`max_concurrency` set by the caller): many rollout workers call `generate`
-at once and the engine batches them continuously. Weights arrive as a state dict from
-the trainer through the object store, as version v+1, without aborting in-flight requests.
+at once and the engine batches them continuously. Weights arrive as version v+1 without
+aborting in-flight requests, either as a state dict through the object store
+(`update_weights`) or by a collective broadcast from the trainer (`sync_join`,
+`sync_receive`; see `rlsys.actors.weight_publish`). A replica Ray gave a GPU runs there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class EngineReplica:
         from rlsys.config.job import JobConfig
         from rlsys.engine.config import EngineConfig
         from rlsys.engine.engine import InferenceEngine
+        from rlsys.engine.sync_group import GroupMember
         from rlsys.tokenizer import VOCAB_SIZE
 
         torch.set_num_threads(1)  # replicas share few cores with workers and the trainer
@@ -29,6 +32,9 @@ class EngineReplica:
         self.replica_id = replica_id
         engine_cfg = EngineConfig.from_job(cfg.engine, cfg.seed, sample_vocab=VOCAB_SIZE)
         self.engine = InferenceEngine(cfg.model.resolve(), engine_cfg)
+        self.device = engine_cfg.device if engine_cfg.tp == 1 else "cpu"
+        self.model_cfg = cfg.model.resolve()
+        self.sync = GroupMember()
 
     def ready(self) -> str:
         return self.replica_id
@@ -40,6 +46,23 @@ class EngineReplica:
         return self.engine.generate(request)
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> int:
+        self.engine.update_weights(state, version)
+        return version
+
+    def sync_join(self, rendezvous: Any, rank: int) -> int:
+        self.sync.join(rendezvous, rank)
+        return rank
+
+    def sync_receive(self) -> int:
+        """Receive one broadcast (blocks until the trainer sends) and load it."""
+        import torch
+
+        from rlsys.engine.weight_sync import plan_buckets, receive
+        from rlsys.model import Transformer
+
+        with torch.device("meta"):  # names, shapes and dtypes only: the plan both sides derive
+            spec = Transformer(self.model_cfg).state_dict()
+        version, state = receive(plan_buckets(spec), device=self.device)
         self.engine.update_weights(state, version)
         return version
 

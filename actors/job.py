@@ -128,6 +128,8 @@ def run_job(
             worker_deaths=controller.stats.worker_deaths,
             stale_filtered=controller.stats.stale_filtered,
             staleness_holds=controller.stats.staleness_holds,
+            replicas_dropped=controller.stats.replicas_dropped,
+            weight_groups_formed=controller.publisher.groups_formed,
         )
         return out
     finally:

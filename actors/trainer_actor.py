@@ -1,8 +1,10 @@
 """The trainer as a Ray actor: steps on batches of trajectories, checkpoints, publishes weights.
 
-It adds transport only: batches arrive from the controller, `weights()` returns a state dict
-(put in the object store once, read by every replica), checkpoints are written atomically
-by the core `Trainer`. The warm start draws demonstrations from the task itself.
+It adds transport only: batches arrive from the controller; weights leave either as a CPU
+state dict (`weights()`, put in the object store once, read by every replica) or by a
+collective broadcast (`sync_*`, see `rlsys.actors.weight_publish`); checkpoints are
+written atomically by the core `Trainer`. The warm start draws demonstrations from the
+task itself. An actor Ray gave a GPU trains there.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class TrainerActor:
         import torch
 
         from rlsys.config.job import JobConfig
+        from rlsys.engine.sync_group import GroupMember
         from rlsys.model import Transformer
         from rlsys.tokenizer import VOCAB_SIZE
         from rlsys.trainer.trainer import Trainer
@@ -27,6 +30,8 @@ class TrainerActor:
         self.cfg = JobConfig.model_validate(job_config)
         torch.manual_seed(self.cfg.seed)
         self.model = Transformer(self.cfg.model.resolve())
+        if self.cfg.trainer.num_gpus > 0:  # Ray set CUDA_VISIBLE_DEVICES to this actor's GPU
+            self.model = self.model.to("cuda")
         self.trainer = Trainer(
             self.model,
             self.cfg.trainer,
@@ -34,6 +39,7 @@ class TrainerActor:
             temperature=self.cfg.sampling.temperature,
             valid_vocab=VOCAB_SIZE,  # the engine samples only tokenizer ids (sample_vocab)
         )
+        self.sync = GroupMember()
         self.resumed_position: dict[str, Any] = {}
         if checkpoint and Path(checkpoint).exists():
             self.resumed_position = self.trainer.restore(checkpoint)
@@ -64,6 +70,7 @@ class TrainerActor:
             ws.demonstrations,
             sandbox,
             scaffold_config(self.cfg),
+            slip_rate=ws.slip_rate,
         )
         losses = supervised_warm_start(
             self.model,
@@ -76,6 +83,7 @@ class TrainerActor:
             seed=self.cfg.seed,
             content_ids=task.content_token_ids,
             content_weight=ws.content_weight,
+            lr_schedule=ws.lr_schedule,
         )
         return {"demonstrations": len(demos), "nll_first": losses[0], "nll_last": losses[-1]}
 
@@ -83,7 +91,27 @@ class TrainerActor:
         return self.trainer.train_step(trajectories).as_dict()
 
     def weights(self) -> dict[str, Any]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # Always CPU copies: the object store then needs no CUDA on the reader's side.
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    # ---- collective weight transport (engine.weight_transport: collective) --------------------
+
+    def sync_listen(self, world_size: int, generation: int, timeout_s: float) -> Any:
+        from ray.util import get_node_ip_address
+
+        backend = "nccl" if next(self.model.parameters()).is_cuda else "gloo"
+        return self.sync.listen(get_node_ip_address(), world_size, generation, backend, timeout_s)
+
+    def sync_join(self, rendezvous: Any) -> int:
+        self.sync.join(rendezvous, 0)
+        return 0
+
+    def sync_send(self, version: int) -> int:
+        """Broadcast the current weights as `version`; returns the bytes sent."""
+        from rlsys.engine.weight_sync import plan_buckets, send
+
+        state = self.model.state_dict()
+        return send(state, plan_buckets(state), version)
 
     def checkpoint(self, path: str, stream_position: dict[str, Any]) -> str:
         return str(self.trainer.save_checkpoint(path, stream_position))

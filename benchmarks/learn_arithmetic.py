@@ -11,6 +11,8 @@ Usage:
       [--warm-steps 40] [--zero-center on|off] [--threads 2] [--seed 0]
       [--max-factor 9] [--max-addend 9]   (operand ranges; the task's default is 99/99)
       [--content-weight 1.0] [--instructions on|off]   (warm-start loss; prompt)
+      [--slip-rate 0.0]   (share of demonstrations in which the demonstrator errs)
+      [--device cpu|cuda]   (where the engine and the trainer run)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from rlsys.sandboxes.events import NullEventSink
 from rlsys.sandboxes.scaffold import RolloutOutcome, ScaffoldConfig, run_rollout
 from rlsys.sandboxes.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
 from rlsys.trainer import Trainer, supervised_warm_start
+from rlsys.trainer.warm_start import LR_SCHEDULES
 from rlsys.trajectory import Trajectory
 
 SCAFFOLD = ScaffoldConfig(
@@ -97,10 +100,21 @@ def evaluate(engine: InferenceEngine, task: ArithmeticTask, n: int, seed: int) -
     return sum(collect(engine, task, indices, 1, "eval").rewards) / n
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class WarmStart:
+    state: dict[str, torch.Tensor]  # the warm-started policy's weights
+    task: ArithmeticTask
+    nll_first: float
+    nll_last: float
+    seconds: float
+
+
+def warm_start(args: argparse.Namespace) -> WarmStart:
+    """The supervised warm start on demonstrations (a share `--slip-rate` of them wrong),
+    with the zero-center projection as `--zero-center` says."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = Transformer(preset("small"))
+    model = Transformer(preset(args.preset)).to(args.device)
     task = ArithmeticTask(
         ArithmeticTaskConfig(
             max_factor=args.max_factor,
@@ -108,34 +122,63 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             instructions=args.instructions == "on",
         )
     )
-    cfg = TrainerSection(lr=args.lr, warmup_steps=args.warmup, zero_center=args.zero_center == "on")
-    trainer = Trainer(model, cfg, AlgoConfig(max_staleness=0))
+    options = _trainer(model, args, args.zero_center).logprob_options
     started = time.perf_counter()
-    demos = make_demonstrations(task, args.seed, args.demos, no_sandbox, SCAFFOLD)
-    warm = supervised_warm_start(
+    demos = make_demonstrations(
+        task, args.seed, args.demos, no_sandbox, SCAFFOLD, slip_rate=args.slip_rate
+    )
+    nll = supervised_warm_start(
         model,
         demos,
         steps=args.warm_steps,
         lr=args.warm_lr,
         batch_size=16,
-        options=trainer.logprob_options,
+        options=options,
         seed=args.seed,
         content_ids=task.content_token_ids,
         content_weight=args.content_weight,
+        lr_schedule=args.warm_schedule,
     )
-    warm_s = time.perf_counter() - started
+    seconds = time.perf_counter() - started
     print(
-        f"warm start: {args.warm_steps} steps, NLL {warm[0]:.3f} -> {warm[-1]:.3f}, {warm_s:.0f}s",
+        f"warm start: {args.warm_steps} steps on {len(demos)} demonstrations "
+        f"(slip rate {args.slip_rate}), NLL {nll[0]:.3f} -> {nll[-1]:.3f}, {seconds:.0f}s",
         flush=True,
     )
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return WarmStart(state, task, nll[0], nll[-1], seconds)
+
+
+def _trainer(model: Transformer, args: argparse.Namespace, zero_center: str) -> Trainer:
+    cfg = TrainerSection(lr=args.lr, warmup_steps=args.warmup, zero_center=zero_center == "on")
+    return Trainer(model, cfg, AlgoConfig(max_staleness=0))
+
+
+def reinforce(
+    args: argparse.Namespace, warm: WarmStart, zero_center: str, before: float | None = None
+) -> dict[str, Any]:
+    """RL from the warm-started weights (a fresh model, trainer and engine each call, so
+    two calls from one warm start compare like with like). `before`: the warm start's
+    evaluation, when a previous call already measured it (it is deterministic)."""
+    torch.set_num_threads(args.threads)
+    model = Transformer(preset(args.preset))
+    model.load_state_dict(warm.state)
+    model = model.to(args.device)
+    trainer = _trainer(model, args, zero_center)
+    task = warm.task
     engine_cfg = EngineConfig(
-        max_running=64, max_context_tokens=SCAFFOLD.context_budget, seed=args.seed
+        max_running=64,
+        max_context_tokens=SCAFFOLD.context_budget,
+        seed=args.seed,
+        device=args.device,
     )
     rng = random.Random(f"train:{args.seed}")
     with InferenceEngine(model.cfg, engine_cfg, model.state_dict(), trainer.version) as engine:
-        before = evaluate(engine, task, args.eval, args.seed)
+        if before is None:
+            before = evaluate(engine, task, args.eval, args.seed)
         print(f"eval reward before RL: {before:.3f} ({args.eval} rollouts)", flush=True)
         print(
+            f"RL, zero-center {zero_center}:\n"
             "| step | reward mean | failed | samples | loss | entropy | drift max | gen s | train s |"
         )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -158,7 +201,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rl_s = time.perf_counter() - rl_started
         after = evaluate(engine, task, args.eval, args.seed)
     print(f"eval reward after RL: {after:.3f}; RL wall time {rl_s:.0f}s ({args.steps} steps)")
-    return {"before": before, "after": after, "rl_s": rl_s, "warm_s": warm_s, "curve": curve}
+    return {"before": before, "after": after, "rl_s": rl_s, "warm_s": warm.seconds, "curve": curve}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return reinforce(args, warm_start(args), args.zero_center)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -171,13 +218,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--demos", type=int, default=1024)
     p.add_argument("--warm-steps", type=int, default=40)
     p.add_argument("--warm-lr", type=float, default=3e-3)
+    p.add_argument("--warm-schedule", choices=sorted(LR_SCHEDULES), default="stable_decay")
     p.add_argument("--instructions", choices=["on", "off"], default="off")
     p.add_argument("--content-weight", type=float, default=1.0)
+    p.add_argument("--slip-rate", type=float, default=0.0, help="share of wrong demonstrations")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="RL learning-rate warm-up steps")
     p.add_argument("--zero-center", choices=["on", "off"], default="on")
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--preset", default="small", help="model preset (rlsys.config.model)")
+    p.add_argument("--device", default="cpu", help="engine and trainer device (cpu, cuda)")
     p.add_argument("--seed", type=int, default=0)
     return p
 

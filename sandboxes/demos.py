@@ -2,8 +2,15 @@
 
 A demonstration is a real rollout of the real scaffold driven by the task's oracle turns
 (`Task.oracle_turns`) through `ReplayGenerator`, so its token layout (prompt, policy turns,
-observations, masks) is exactly what RL rollouts produce; only correct ones (reward 1) are
-kept. Same seed, same task config -> the same demonstrations, token for token.
+observations, masks) is exactly what RL rollouts produce. Same seed, same task config,
+same slip rate -> the same demonstrations, token for token.
+
+A slip rate r makes the demonstrator imperfect: each demonstration independently (seeded)
+follows `Task.slip_turns` instead of the oracle with probability r. A warm start on them
+hands RL a policy that keeps a known share of mistakes however well it fits the demos, so
+the RL phase has headroom on every machine (an oracle-only warm start that happens to
+converge leaves almost none). Invariant: an oracle demonstration scores exactly 1 and a
+slip exactly 0, or this raises.
 """
 
 from __future__ import annotations
@@ -28,12 +35,20 @@ def make_demonstrations(
     count: int,
     open_sandbox: SandboxFactory,
     config: ScaffoldConfig | None = None,
+    slip_rate: float = 0.0,
 ) -> list[Trajectory]:
-    """`count` oracle rollouts of `task` on instances drawn from `seed`."""
+    """`count` demonstrations of `task` on instances drawn from `seed`, a share
+    `slip_rate` of them (in expectation) the demonstrator's mistakes."""
+    if not 0.0 <= slip_rate < 1.0:
+        raise ValueError(f"slip_rate: must be in [0, 1), got {slip_rate}")
     config = config or ScaffoldConfig()
+    slips = random.Random(f"slips:{seed}")
     demos = []
     for i, index in enumerate(demonstration_indices(seed, count)):
-        generator = ReplayGenerator(task.oracle_turns(task.instance(index)))
+        instance = task.instance(index)
+        slip = slips.random() < slip_rate
+        turns = task.slip_turns(instance, slips) if slip else task.oracle_turns(instance)
+        generator = ReplayGenerator(turns)
         outcome = run_rollout(
             task,
             index,
@@ -44,8 +59,12 @@ def make_demonstrations(
             rollout_id=f"demo-{seed}-{i}",
             group_id=f"demo-{seed}",
         )
-        assert outcome.failure is None and outcome.trajectory.reward == 1.0, (
-            f"oracle for {task.name}/{index} did not solve it: {outcome.failure or outcome.verdict}"
-        )
+        wanted = 0.0 if slip else 1.0
+        if outcome.failure is not None or outcome.trajectory.reward != wanted:
+            who = "slip" if slip else "oracle"
+            raise RuntimeError(
+                f"{who} demonstration of {task.name}/{index} should score {wanted}: "
+                f"{outcome.failure or outcome.verdict}"
+            )
         demos.append(outcome.trajectory)
     return demos

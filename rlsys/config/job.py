@@ -51,6 +51,14 @@ class EngineSection(_Section):
     tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree of each replica.")
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica actor.")
+    weight_transport: Literal["object_store", "collective"] = Field(
+        "object_store",
+        description="How new weights reach the replicas: the Ray object store, or a "
+        "torch.distributed broadcast from the trainer (NCCL between GPUs, gloo on CPUs).",
+    )
+    weight_sync_timeout_s: float = Field(
+        60.0, gt=0, description="Bound on one weight publication before a replica is dropped."
+    )
 
 
 class SamplingSection(_Section):
@@ -101,6 +109,18 @@ class WarmStartSection(_Section):
     batch_size: int = Field(16, ge=1, description="Demonstrations per warm-start step.")
     content_weight: float = Field(
         0.0, ge=0, description="Extra loss weight on the tokens that carry the answer."
+    )
+    lr_schedule: Literal["constant", "cosine", "stable_decay"] = Field(
+        "stable_decay",
+        description="Warm-start learning rate over its steps (stable_decay: constant, then "
+        "linear to 0 over the last quarter).",
+    )
+    slip_rate: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of demonstrations in which the demonstrator makes a mistake "
+        "(reward 0), so the warm-started policy leaves RL a known headroom.",
     )
 
 
@@ -169,6 +189,20 @@ class JobConfig(_Section):
                 "trainer.groups_per_step * (algo.max_staleness + 1) "
                 f"({lookahead}): more groups would be generated than can be trained "
                 "before they go stale"
+            )
+        if self.engine.weight_transport == "collective" and (self.engine.num_gpus > 0) != (
+            self.trainer.num_gpus > 0
+        ):
+            raise ValueError(
+                "engine.weight_transport: collective needs the trainer and the replicas on "
+                f"the same kind of device (trainer.num_gpus {self.trainer.num_gpus}, "
+                f"engine.num_gpus {self.engine.num_gpus}): both > 0 (NCCL) or both 0 (gloo)"
+            )
+        if self.engine.tp > 1 and self.engine.num_gpus > 0:
+            raise ValueError(
+                f"engine.tp ({self.engine.tp}) with engine.num_gpus "
+                f"({self.engine.num_gpus}): tensor parallelism runs on CPU only; use tp: 1 "
+                "for a GPU replica (one GPU each) or num_gpus: 0"
             )
         if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
             raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")

@@ -174,6 +174,30 @@ PRESETS: dict[str, ModelConfig] = {
         expert_hidden=128,
         mtp_depth=1,
     ),
+    # One GPU per replica and for the trainer (configs/gpu-example.yaml): byte-level vocab,
+    # ~110M parameters in bf16, deep enough (24 blocks: 18 SWA, 6 Sparse GQA) that the
+    # 3:1 interleave and expert routing matter, small enough to train at tens of steps a
+    # minute on one H200.
+    "medium": ModelConfig(
+        vocab_size=320,
+        d_model=512,
+        n_layers=24,
+        n_heads=8,
+        n_kv_groups=2,
+        head_dim=64,
+        swa_window=256,
+        swa_tile=32,
+        sparse_block=8,
+        sparse_topk=512,
+        sparse_query_tile=32,
+        index_dim=32,
+        n_experts=16,
+        experts_per_token=2,
+        n_shared_experts=1,
+        expert_hidden=256,
+        mtp_depth=1,
+        compute_dtype="bfloat16",
+    ),
     # The narrow-but-deep reference shape: 92 blocks, 3:1 SWA:Sparse GQA, B=8, k=4096.
     "deep-92": ModelConfig(
         vocab_size=128000,

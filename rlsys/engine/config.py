@@ -54,5 +54,7 @@ class EngineConfig(BaseModel):
             prefix_cache_tokens=engine_section.prefix_cache_tokens,
             tp=engine_section.tp,
             seed=seed,
+            # A replica Ray gave a GPU runs its model there (Ray sets CUDA_VISIBLE_DEVICES).
+            device="cuda" if engine_section.num_gpus > 0 else "cpu",
             **overrides,
         )

@@ -17,7 +17,7 @@ k experts per token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -50,6 +50,20 @@ class PackedBatch:
     @property
     def num_policy_tokens(self) -> int:
         return int(self.targets_P.numel())
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same batch with its tensors on `device` (packing always builds on CPU)."""
+        if self.tokens_N.device == device:
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        routes = self.routes
+        if routes is not None:
+            routes = RoutedExperts(routes.indices.to(device), routes.gates.to(device))
+        return replace(self, routes=routes, **moved)
 
 
 def route_entry(entry: Any) -> tuple[Tensor, Tensor]:

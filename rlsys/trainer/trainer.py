@@ -10,6 +10,10 @@ One step (`train_step`), in order:
    by the aggregation's per-token weights, backward (gradients accumulate);
 4. global gradient-norm clip, AdamW, MoE balance update; step and policy version + 1.
 
+Device: the trainer runs where the model's parameters are (CPU, or the GPU Ray gave its
+actor). Packing builds on CPU and moves each micro-batch once; log-probs it returns to
+callers are on CPU.
+
 Invariants: the loss of a batch does not depend on how it is split into micro-batches
 (per-token weights are computed over the whole batch); at staleness 0 with the engine's
 weights the recomputed log-probs equal the behaviour log-probs bitwise (replay off or
@@ -83,10 +87,13 @@ class Trainer:
         valid_vocab: int | None = None,
     ) -> None:
         self.model, self.cfg, self.algo = model, cfg, algo
+        self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
         )
-        self.critic = Critic(model.cfg.d_model, algo.critic) if algo.critic.enabled else None
+        self.critic = (
+            Critic(model.cfg.d_model, algo.critic).to(self.device) if algo.critic.enabled else None
+        )
         self.reference: Transformer | None = None  # snapshot taken at the first RL step
         self.step = 0
         self.version = 0
@@ -127,8 +134,9 @@ class Trainer:
         )
         metrics.reward_mean_kept = sum(t.reward for t in kept) / len(kept)
 
-        batches = [pack(items) for items in micro_batches(kept, self.cfg.micro_batch_tokens)]
-        weights = self._token_weights(batches, len(kept))
+        packed = [pack(items) for items in micro_batches(kept, self.cfg.micro_batch_tokens)]
+        weights = [w.to(self.device) for w in self._token_weights(packed, len(kept))]
+        batches = [b.to(self.device) for b in packed]
         outcome = torch.tensor(
             group_relative(
                 [t.reward for t in kept],
@@ -136,6 +144,7 @@ class Trainer:
                 normalize_std=self.algo.normalize_std,
             ),
             dtype=torch.float32,
+            device=self.device,
         )
         use_critic = self.critic is not None and self.critic.ready
         if self.algo.kl_coef > 0 and self.reference is None:
@@ -199,7 +208,7 @@ class Trainer:
         h_Nd = packed_hidden(self.model, batch, self.cfg.replay_experts, aux)
         h_Pd = h_Nd[batch.pred_rows_P]
         out = self._log_probs(self.model, h_Pd, batch)
-        critic_loss = torch.zeros(())
+        critic_loss = torch.zeros((), device=self.device)
         adv_P = outcome[batch.sample_P] + batch.penalties_P
         if self.critic is not None:
             critic_loss, values_P = self.critic.loss(h_Pd, batch.returns_P, w_P)
@@ -209,7 +218,7 @@ class Trainer:
         ref_P = self._reference_log_probs(batch) if self.reference is not None else None
         pg_P, kl_P = per_token_terms(self.algo, out.logp_P, batch.behaviour_P, adv_P, ref_P)
         pg = (pg_P * w_P).sum()
-        kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros(())
+        kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros((), device=self.device)
         loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
         loss.backward()
         weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
@@ -245,11 +254,12 @@ class Trainer:
         per_sample: list[list[Tensor]] = [[] for _ in trajectories]
         with _eval(self.model), torch.no_grad():
             for items in micro_batches(trajectories, self.cfg.micro_batch_tokens):
-                batch = pack(items, with_routes=mode != "off")
+                batch = pack(items, with_routes=mode != "off").to(self.device)
                 h = packed_hidden(self.model, batch, mode)
-                logp = self._log_probs(self.model, h[batch.pred_rows_P], batch).logp_P
-                for s in batch.sample_P.unique().tolist():
-                    per_sample[s].append(logp[batch.sample_P == s])
+                logp = self._log_probs(self.model, h[batch.pred_rows_P], batch).logp_P.cpu()
+                sample_P = batch.sample_P.cpu()
+                for s in sample_P.unique().tolist():
+                    per_sample[s].append(logp[sample_P == s])
         return [torch.cat(p) if p else torch.zeros(0) for p in per_sample]
 
     # ---- critic pre-training -----------------------------------------------------------------
@@ -259,12 +269,12 @@ class Trainer:
         assert self.critic is not None, "algo.critic.enabled is off"
         losses = []
         batches = [
-            pack(items, with_routes=False)
+            pack(items, with_routes=False).to(self.device)
             for items in micro_batches(trajectories, self.cfg.micro_batch_tokens)
         ]
         weights = TOKEN_WEIGHTS["token_mean"](
-            torch.cat([b.sample_P for b in batches]), len(trajectories)
-        )
+            torch.cat([b.sample_P for b in batches]).cpu(), len(trajectories)
+        ).to(self.device)
         hidden = []
         with _eval(self.model), torch.no_grad():
             for b in batches:

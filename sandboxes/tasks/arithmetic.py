@@ -99,6 +99,23 @@ class ArithmeticTask:
             format_answer(str(d["result"])),
         ]
 
+    def slip_turns(self, instance: TaskInstance, rng: random.Random) -> list[str]:
+        """A well-formed attempt at the wrong expression, whose output is then copied
+        faithfully: the addend forgotten (a*b), or when that is still right (c = 0) the
+        wrong operator (a+b+c), or when even that is right (2*2+0) a slip in copying the
+        answer. Copying stays consistent across demonstrations, so a warm start learns it
+        as fast as from the oracle; the mistake is one decision RL can find."""
+        d = instance.data
+        a, b, c, result = d["a"], d["b"], d["c"], d["result"]
+        for expression, value in ((f"{a}*{b}", a * b), (f"{a}+{b}+{c}", a + b + c)):
+            if value != result:
+                return [format_tool_call("calculator", expression), format_answer(str(value))]
+        digits = list(str(result))
+        at = rng.randrange(len(digits))
+        banned = {digits[at]} | ({"0"} if at == 0 and len(digits) > 1 else set())
+        digits[at] = rng.choice([x for x in "0123456789" if x not in banned])
+        return [self.oracle_turns(instance)[0], format_answer("".join(digits))]
+
     @property
     def content_token_ids(self) -> frozenset[int]:
         return DIGIT_IDS

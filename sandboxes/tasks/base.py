@@ -3,8 +3,10 @@
 A `Task` makes deterministic instances (the same index gives the same prompt and hidden
 data on every machine), starts an `Episode` per rollout (tools, their context, the
 sandbox it owns), and knows a correct sequence of policy turns for any instance
-(`oracle_turns`), from which demonstrations are built. A task also names the token
-ids that carry an answer (`content_token_ids`), which a warm start may weight up.
+(`oracle_turns`), from which demonstrations are built, and a plausible wrong one
+(`slip_turns`: the demonstrator's mistake, which a warm start may mix in so the policy it
+hands to RL keeps a known error rate). A task also names the token ids that carry an
+answer (`content_token_ids`), which a warm start may weight up.
 
 Invariants:
 - `Episode.score` returns a `Verdict` or raises `RolloutAbort` (a broken sandbox during
@@ -15,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,6 +64,11 @@ class Task(Protocol):
     def start(self, instance: TaskInstance, open_sandbox: SandboxFactory) -> Episode: ...
 
     def oracle_turns(self, instance: TaskInstance) -> list[str]: ...
+
+    def slip_turns(self, instance: TaskInstance, rng: random.Random) -> list[str]:
+        """Turns of a well-formed attempt that scores 0: the oracle with one realistic
+        mistake, drawn from `rng`."""
+        ...
 
     @property
     def content_token_ids(self) -> frozenset[int]:

@@ -16,6 +16,7 @@ hidden cases seeded by the index); the episode's sandbox is closed by `close`.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Literal
 
@@ -110,6 +111,15 @@ class CodeEpisode:
         self.sandbox.close()
 
 
+def _write_run_answer(solution: str) -> list[str]:
+    """The demonstrator's three turns: write the solution, run the visible tests, finish."""
+    return [
+        format_tool_call("write_file", solution, path=SOLUTION_FILE),
+        format_tool_call("run", f"python3 {TEST_FILE}"),
+        format_answer("done"),
+    ]
+
+
 class CodeTask:
     name = "code"
 
@@ -136,12 +146,13 @@ class CodeTask:
             raise
 
     def oracle_turns(self, instance: TaskInstance) -> list[str]:
+        return _write_run_answer(PROBLEMS_BY_NAME[instance.data["problem"]].solution)
+
+    def slip_turns(self, instance: TaskInstance, rng: random.Random) -> list[str]:
+        """The oracle's steps with a solution whose function returns None: it still
+        writes, runs and answers, and fails the hidden tests."""
         problem = PROBLEMS_BY_NAME[instance.data["problem"]]
-        return [
-            format_tool_call("write_file", problem.solution, path=SOLUTION_FILE),
-            format_tool_call("run", f"python3 {TEST_FILE}"),
-            format_answer("done"),
-        ]
+        return _write_run_answer(f"def {problem.signature}:\n    return None\n")
 
     @property
     def content_token_ids(self) -> frozenset[int]:

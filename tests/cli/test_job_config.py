@@ -20,6 +20,17 @@ def test_quickstart_config_is_valid():
     assert cfg.model.resolve().n_layers >= 1 and cfg.rollout.task["type"] == "arithmetic"
 
 
+def test_gpu_example_config_is_valid_and_places_models_on_cuda(monkeypatch):
+    from rlsys.engine.config import EngineConfig
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # submitted to a GPU cluster
+    cfg = load_job_config(str(QUICKSTART.parent / "gpu-example.yaml"))
+    assert cfg.engine.num_gpus == 1 and cfg.trainer.num_gpus == 1
+    assert cfg.engine.weight_transport == "collective"
+    assert EngineConfig.from_job(cfg.engine, cfg.seed).device == "cuda"
+    assert EngineConfig.from_job(load_job_config(str(QUICKSTART)).engine, 0).device == "cpu"
+
+
 @pytest.mark.parametrize(
     "sets, message",
     [
@@ -43,6 +54,17 @@ def test_quickstart_config_is_valid():
         ),
         (("rollout.pipeline=lockstep",), "rollout.pipeline: Input should be 'async' or 'sync'"),
         (("engine.num_gpus=1",), "engine.num_gpus"),
+        (
+            ("engine.num_gpus=1", "engine.tp=2"),
+            "engine.tp (2) with engine.num_gpus (1.0): tensor parallelism runs on CPU only",
+        ),
+        (
+            ("engine.num_gpus=1", "engine.weight_transport=collective"),
+            "engine.weight_transport: collective needs the trainer and the replicas on the "
+            "same kind of device",
+        ),
+        (("engine.weight_transport=pigeon",), "engine.weight_transport: Input should be"),
+        (("trainer.warm_start.slip_rate=1",), "trainer.warm_start.slip_rate: Input should be less"),
     ],
 )
 def test_invalid_values_name_their_field(sets, message, monkeypatch):

@@ -60,7 +60,7 @@ def test_model_info_applies_overrides_and_rejects_bad_ones() -> None:
 
 
 def test_presets_validate_and_config_imports_without_torch() -> None:
-    assert set(PRESETS) == {"tiny", "small", "deep-92"}
+    assert set(PRESETS) == {"tiny", "small", "medium", "deep-92"}
     code = "import sys, rlsys.config.model, rlsys.cli.model_cmd; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

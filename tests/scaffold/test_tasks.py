@@ -13,10 +13,11 @@ from rlsys.sandboxes.demos import make_demonstrations
 from rlsys.sandboxes.events import ListEventSink
 from rlsys.sandboxes.replay import ReplayGenerator
 from rlsys.sandboxes.scaffold import ScaffoldConfig, run_rollout
+from rlsys.sandboxes.tasks.base import TaskInstance
 from rlsys.sandboxes.tasks.code import TEST_FILE, CodeTask, CodeTaskConfig, visible_tests
 from rlsys.sandboxes.tasks.code_problems import PROBLEMS_BY_NAME
 from rlsys.sandboxes.tasks.code_verifier import verify_solution
-from rlsys.sandboxes.tasks.registry import build_task
+from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
 from rlsys.sandboxes.toolcall import format_tool_call
 from rlsys.tokenizer import ByteTokenizer
 from tests.scaffold.helpers import CountingBwrap
@@ -87,6 +88,46 @@ def test_demonstrations_are_deterministic_in_the_seed(bwrap):
     assert ids == [[s.token_ids for s in d.segments] for d in again]
     assert ids != [[s.token_ids for s in d.segments] for d in other]
     assert all(d.reward == 1.0 and d.num_policy_tokens > 0 for d in first)
+
+
+def test_slipping_demonstrator_mixes_in_mistakes_at_its_rate(bwrap):
+    task = build_task(parse_task_config({"type": "arithmetic", "instructions": False}))
+    demos = make_demonstrations(task, 11, 200, bwrap, slip_rate=0.3)
+    again = make_demonstrations(task, 11, 200, bwrap, slip_rate=0.3)
+    assert [d.reward for d in demos] == [d.reward for d in again]
+    slips = [d for d in demos if d.reward == 0.0]
+    assert 0.2 < len(slips) / len(demos) < 0.4  # binomial(200, 0.3): ~4.8 sd either side
+    # A slip is two well-formed turns: a wrong expression, its output copied faithfully.
+    for d in slips:
+        text = TOK.decode(d.segments[0].token_ids)
+        assert text.count("<tool name=") == 1 and text.count("<answer>") == 1
+        observed = text.split("<obs>")[1].split("</obs>")[0]
+        answered = text.split("<answer>")[1].split("</answer>")[0]
+        assert answered == observed and d.num_policy_tokens > 0 and d.turn_penalties == {}
+    clean = make_demonstrations(task, 11, 200, bwrap)
+    assert all(d.reward == 1.0 for d in clean)
+
+
+def test_arithmetic_slip_is_wrong_even_when_the_addend_is_zero():
+    task = build_task("arithmetic")
+    rng = random.Random(0)
+    for a, b, c in ((3, 4, 5), (3, 4, 0), (2, 2, 0)):
+        instance = TaskInstance("arithmetic", 0, "", {"a": a, "b": b, "c": c, "result": a * b + c})
+        turns = task.slip_turns(instance, rng)
+        answer = turns[-1].split("<answer>")[1].split("</answer>")[0]
+        assert int(answer) != a * b + c, (a, b, c, turns)
+
+
+def test_slip_rate_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="slip_rate"):
+        make_demonstrations(build_task("arithmetic"), 0, 4, lambda: None, slip_rate=1.0)
+
+
+def test_code_task_slip_runs_and_scores_zero(bwrap):
+    task = CodeTask()
+    turns = task.slip_turns(task.instance(CODE_INDEX), random.Random(0))
+    outcome, _ = _rollout(task, CODE_INDEX, turns, bwrap)
+    assert outcome.failure is None and outcome.trajectory.reward == 0.0
 
 
 def test_code_task_correct_solution_scores_one(bwrap):

@@ -41,10 +41,11 @@ def engine_trajectories(
     top_p: float = 1.0,
     version: int = 0,
     seed: int = 0,
+    device: str = "cpu",
 ) -> list[Trajectory]:
     vocab = model.cfg.vocab_size
     rng = torch.Generator().manual_seed(seed)
-    engine_cfg = EngineConfig(seed=seed, max_context_tokens=4096)
+    engine_cfg = EngineConfig(seed=seed, max_context_tokens=4096, device=device)
     trajs = []
     with InferenceEngine(model.cfg, engine_cfg, model.state_dict(), version) as engine:
         for g in range(groups):

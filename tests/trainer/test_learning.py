@@ -2,11 +2,23 @@
 engine generates, RL raises the mean reward of a held-out evaluation, and the zero-center
 projection does not make it worse.
 
-It runs `benchmarks/learn_arithmetic.py`'s loop (no Ray, staleness 0): a 70-step supervised
-warm start, then 12 RL steps of 8 groups x 4 rollouts at lr 2e-4, evaluated on 64 held-out
-instances before and after. Deterministic: every request samples from its own seeded
-generator and the kernels are batch-invariant, so thread timing changes nothing. About
-5 minutes per run on a 2-core CPU (two runs: with and without the projection).
+It runs `benchmarks/learn_arithmetic.py`'s loop (no Ray, staleness 0): one supervised warm
+start on demonstrations from a slipping demonstrator (30% of them forget the addend or use
+the wrong operator), then, from those same weights, 12 RL steps of 8 groups x 4 rollouts at
+lr 2e-4 with the projection on and again with it off, each evaluated on 128 held-out
+instances before and after.
+
+Why a slipping demonstrator: an oracle-only warm start leaves RL a headroom that depends on
+where a fixed number of Adam steps happens to land, and that moved with the CPU (the same
+code evaluated 0.67 on one 2-core machine and 0.89, leaving nothing to learn, on another).
+Mistakes in the demonstrations bound the warm-started policy below 1 on any machine, and
+the learning-rate decay at the end of the warm start settles it there.
+
+Not bitwise reproducible run to run: the engine samples from per-request seeded generators,
+but CPU training's threaded backward reductions vary in the last bits, so two runs of the
+same code on the 2-core box gave 0.625 -> 0.859 and 0.586 -> 0.805 (with the projection);
+the bounds leave room for that and for another CPU's rounding. About 10 minutes on a
+2-core CPU.
 """
 
 from __future__ import annotations
@@ -14,43 +26,48 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-pytestmark = pytest.mark.learning
+pytestmark = [pytest.mark.learning, pytest.mark.timeout(1800)]
 
 HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "learn_arithmetic.py"
 ARGS = [
-    "--warm-steps", "70", "--steps", "12", "--groups", "8", "--group-size", "4",
-    "--lr", "2e-4", "--warmup", "5", "--eval", "64", "--content-weight", "1.0",
+    "--warm-steps", "120", "--slip-rate", "0.3", "--content-weight", "1.0",
+    "--steps", "12", "--groups", "8", "--group-size", "4", "--lr", "2e-4", "--warmup", "5",
+    "--eval", "128",
 ]  # fmt: skip
 
 
-def _learn(zero_center: str) -> dict:
+def _harness() -> ModuleType:
     spec = importlib.util.spec_from_file_location("learn_arithmetic", HARNESS)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve annotations through it
     spec.loader.exec_module(module)
-    return module.run(module.parser().parse_args([*ARGS, "--zero-center", zero_center]))
+    return module
 
 
 @pytest.fixture(scope="module")
-def with_zero_center() -> dict:
-    return _learn("on")
+def runs() -> dict[str, dict]:
+    harness = _harness()
+    args = harness.parser().parse_args(ARGS)
+    warm = harness.warm_start(args)
+    on = harness.reinforce(args, warm, "on")
+    return {"on": on, "off": harness.reinforce(args, warm, "off", before=on["before"])}
 
 
-def test_rl_raises_the_held_out_reward(with_zero_center: dict) -> None:
-    r = with_zero_center
-    # Measured on the 2-core CPU: 0.672 -> 0.781. Deterministic on one machine; the margin
-    # leaves room for a CPU whose matmuls round differently.
-    assert r["after"] >= r["before"] + 0.05, r
+def test_the_warm_start_leaves_rl_headroom(runs: dict[str, dict]) -> None:
+    before = runs["on"]["before"]
+    assert 0.15 <= before <= 0.85, before
 
 
-def test_zero_center_is_not_worse(with_zero_center: dict) -> None:
-    """Compared on what RL adds: the projection also shapes the warm start's gradients, so
-    the two runs start from different policies (measured: on 0.672 -> 0.781, off 0.719 ->
-    0.844; +0.109 against +0.125, inside the noise of 64 evaluation rollouts)."""
-    without = _learn("off")
-    gain_on = with_zero_center["after"] - with_zero_center["before"]
-    gain_off = without["after"] - without["before"]
-    assert gain_on >= gain_off - 0.05, (with_zero_center, without)
+def test_rl_raises_the_held_out_reward(runs: dict[str, dict]) -> None:
+    r = runs["on"]
+    assert r["after"] >= r["before"] + 0.08, r
+
+
+def test_zero_center_is_not_worse(runs: dict[str, dict]) -> None:
+    """From one warm start, with the same seeded samples: the projection's run must end no
+    more than 0.05 below the run without it."""
+    assert runs["on"]["after"] >= runs["off"]["after"] - 0.05, runs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -99,3 +101,28 @@ def test_content_weight_adds_the_content_tokens_mean_nll_to_the_loss() -> None:
     assert plain_loss == weighted_loss == absent_loss  # the first step reports the plain NLL
     assert any(not torch.equal(plain[k], weighted[k]) for k in plain)
     assert all(torch.equal(plain[k], absent[k]) for k in plain)
+
+
+def test_cosine_warm_start_decays_the_rate_to_zero_and_constant_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rate each AdamW step used, as the optimiser saw it."""
+    demos = engine_trajectories(tiny_model(seed=7), groups=1, group_size=2)
+    opts = LogProbOptions(valid_vocab=tiny_model().cfg.vocab_size)
+    seen: list[float] = []
+    original = torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(self.param_groups[0]["lr"])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    for schedule in ("cosine", "constant"):
+        supervised_warm_start(
+            tiny_model(), demos, steps=4, lr=1e-2, batch_size=2, options=opts,
+            lr_schedule=schedule,
+        )  # fmt: skip
+    cosine, constant = seen[:4], seen[4:]
+    assert cosine[0] == 1e-2 and cosine == sorted(cosine, reverse=True)
+    assert cosine[-1] == pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * 3 / 4)))
+    assert constant == [1e-2] * 4
