@@ -90,6 +90,7 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         ("lost", summary["lost"]),
         ("drop rate", summary["drop_rate"]),
         ("worker deaths", summary.get("worker_deaths", 0)),
+        ("engine replicas dropped", ", ".join(summary.get("replicas_dropped", [])) or "none"),
     ]
     print_table("run summary", ["", "value"], rows)
 
