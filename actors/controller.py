@@ -31,6 +31,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from rlsys.actors.groups import GroupBook
+from rlsys.actors.serving_metrics import serving_metrics
 from rlsys.actors.weight_publish import make_publisher
 from rlsys.config.job import JobConfig
 from rlsys.ledger.queries import stats
@@ -335,6 +336,7 @@ class Controller:
             "policy_version": self.version,
             "drop_rate": stats(self.ledger, self.job_id)["drop_rate"],
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
+            "serving": serving_metrics(self.h.admission, self.h.replicas),
         }
         self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
         self.broadcast_weights()

@@ -1,4 +1,5 @@
-"""`rlsys monitor`: per-step staleness, log-prob drift, KL, entropy, reward, samples, drop rate.
+"""`rlsys monitor`: per-step staleness, log-prob drift, KL, entropy, reward, samples, drop rate,
+and the serving side at that step (admission queue depth, prefix-cache hit rate).
 
 Read from the ledger (the trainer records every committed step there), so it works for any
 job in any ledger, live or finished. `--follow` polls for new steps; `--tensorboard DIR`
@@ -24,6 +25,8 @@ SERIES = (
     ("entropy", "entropy"),
     ("num_samples", "samples"),
     ("drop_rate", "drop rate"),
+    ("serving.queue_depth", "admission queue depth"),
+    ("serving.prefix_cache_hit_rate", "prefix-cache hit rate"),
 )
 
 
@@ -104,10 +107,15 @@ def _plot(path: str, steps: list[dict[str, Any]], job_id: str | None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 3, figsize=(13, 9))
+    rows = -(-len(SERIES) // 3)
+    fig, axes = plt.subplots(rows, 3, figsize=(13, 3 * rows))
     xs = [m["step"] for m in steps]
-    for ax, (key, label) in zip(axes.flat, SERIES, strict=True):
-        ax.plot(xs, [_get(m, key) for m in steps], marker=".")
+    for ax in axes.flat[len(SERIES) :]:
+        ax.set_visible(False)
+    for ax, (key, label) in zip(axes.flat, SERIES, strict=False):
+        # a series an older job did not record is a gap, not an error
+        ys = [v if isinstance(v := _get(m, key), (int, float)) else float("nan") for m in steps]
+        ax.plot(xs, ys, marker=".")
         ax.set_title(label)
         ax.set_xlabel("trainer step")
         ax.grid(alpha=0.3)

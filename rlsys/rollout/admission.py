@@ -169,6 +169,16 @@ class AdmissionScheduler:
         slots.waiting.clear()
         return gone
 
+    def load_report(self) -> dict[str, int]:
+        """Now: requests queued and running on live replicas; since the start: the counters."""
+        live = [r for r in self.replicas.values() if r.alive]
+        return {
+            "queue_depth": sum(len(r.waiting) for r in live),
+            "running": sum(len(r.running) for r in live),
+            "live_replicas": len(live),
+            **self.metrics,
+        }
+
     def snapshot(self) -> dict[str, dict[str, int | bool]]:
         """Queue depth and running count per replica (metrics)."""
         return {

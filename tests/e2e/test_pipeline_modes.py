@@ -24,6 +24,11 @@ def test_pipelines_respect_the_staleness_bound_and_account_for_everything(tiny_j
     assert summary["status"] == "completed" and len(summary["steps"]) == 4
     assert summary["lost"] == 0 and summary["in_flight"] == 0
     assert summary["stale_filtered"] == 0
+    # The serving side at each step: both replicas report, and later turns of a rollout hit
+    # the prefix cache (its earlier turns are their prompt's prefix).
+    serving = [m["serving"] for m in summary["steps"]]
+    assert all(s["replicas_reporting"] == 2 and s["queue_depth"] >= 0 for s in serving)
+    assert 0 < serving[-1]["prefix_cache_hit_rate"] <= 1 and serving[-1]["grants"] > 0
     staleness = [m["staleness"]["max"] for m in summary["steps"]]
     if pipeline == "sync":
         assert staleness == [0, 0, 0, 0] and summary["staleness_holds"] == 0
