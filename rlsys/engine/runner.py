@@ -29,7 +29,7 @@ from rlsys.model import ModelCache, RoutedExperts, RoutingRecorder, Transformer
 
 @dataclass
 class StepOutput:
-    last_logits: Tensor  # (n_chunks, V) fp32, CPU
+    last_logits: Tensor  # (n_chunks, V) fp32, on the model's device (see sampler.py)
     routes: RoutedExperts | None  # routes of all packed rows, chunk after chunk
 
 
@@ -104,7 +104,9 @@ class LocalRunner:
 
     def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
         logits, routes = self.table.forward(keys, chunks, record=True)
-        last = torch.stack([rows[-1] for rows in logits]).float().cpu()
+        # Left on the model's device: the recorded log-prob is computed there, where the
+        # trainer recomputes it (exp/log differ in the last bit between CPU and GPU).
+        last = torch.stack([rows[-1] for rows in logits]).float()
         return StepOutput(last, routes_to_cpu(routes))
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:

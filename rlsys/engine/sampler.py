@@ -15,6 +15,11 @@ invariance), same elementwise division, same function.
 
 Determinism: a request's draws come from its own `torch.Generator`, one uniform per token,
 so a seeded request yields the same tokens whatever it was batched with.
+
+Device: everything that feeds the recorded log-prob (candidate set, restricted softmax,
+`token_log_probs`) runs on the logits' device, which is the model's, because the trainer
+recomputes the value on its model's device; only the draw (a CDF and one uniform) is on
+the CPU.
 """
 
 from __future__ import annotations
@@ -77,10 +82,11 @@ def sample(logits: Tensor, params: SamplingParams, cap: int, rng: torch.Generato
     padded = cand[None]
     mask = candidate_mask(padded, z.shape[-1])
     restricted = kernels.log_softmax(z[None].masked_fill(~mask, float("-inf")))[0]
-    cdf = torch.cumsum(restricted[cand].double().exp(), 0)
+    cdf = torch.cumsum(restricted[cand].double().exp(), 0).cpu()
     u = float(torch.rand((), generator=rng, dtype=torch.float64)) * float(cdf[-1])
     pick = min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64))), len(cand) - 1)
     token = int(cand[pick])
-    logprob = float(token_log_probs(z[None], torch.tensor([token]), padded)[0])
+    target = torch.tensor([token], device=z.device)
+    logprob = float(token_log_probs(z[None], target, padded)[0])
     assert math.isfinite(logprob), "a sampled token always lies in its candidate set"
     return SampledToken(token, logprob, cand.tolist(), capped)
