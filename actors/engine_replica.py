@@ -35,6 +35,7 @@ class EngineReplica:
         self.device = engine_cfg.device if engine_cfg.tp == 1 else "cpu"
         self.model_cfg = cfg.model.resolve()
         self.sync = GroupMember()
+        self.plan: Any = None  # the weight-broadcast bucket plan, once needed
 
     def ready(self) -> str:
         return self.replica_id
@@ -55,16 +56,24 @@ class EngineReplica:
 
     def sync_receive(self) -> int:
         """Receive one broadcast (blocks until the trainer sends) and load it."""
-        import torch
+        from rlsys.engine.weight_sync import receive
 
-        from rlsys.engine.weight_sync import plan_buckets, receive
-        from rlsys.model import Transformer
-
-        with torch.device("meta"):  # names, shapes and dtypes only: the plan both sides derive
-            spec = Transformer(self.model_cfg).state_dict()
-        version, state = receive(plan_buckets(spec), device=self.device)
+        version, state = receive(self._sync_plan(), device=self.device)
         self.engine.update_weights(state, version)
         return version
+
+    def _sync_plan(self) -> Any:
+        """The bucket plan both sides derive from the model's names, shapes and dtypes
+        (built once, on the meta device: no memory)."""
+        if self.plan is None:
+            import torch
+
+            from rlsys.engine.weight_sync import plan_buckets
+            from rlsys.model import Transformer
+
+            with torch.device("meta"):
+                self.plan = plan_buckets(Transformer(self.model_cfg).state_dict())
+        return self.plan
 
     def stats(self) -> dict[str, Any]:
         from dataclasses import asdict
