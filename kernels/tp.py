@@ -13,7 +13,8 @@ K reduction is ALWAYS computed as `SPLITS` = 8 fixed chunks p0..p7 (each a fixed
 Since every subtree of a balanced tree is contiguous, all degrees (1, 2, 4, 8) compute
 bitwise the same value. Column-parallel products need no tree: a column of a fixed-tile
 product does not depend on the other columns (checked in tests/kernels).
-Invariant: imports torch only.
+On CUDA the chunk products and the tree run in one Triton kernel (`triton_ops.linear`)
+with the same structure. Invariant: imports torch only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlsys.kernels.dispatch import use_triton
 from rlsys.kernels.reference import ROW_TILE
 
 SPLITS = 8
@@ -86,6 +88,12 @@ class RowParallel:
 
     def partial(self, x: Tensor, w_shard: Tensor) -> Tensor:
         """This rank's subtotal; `w_shard` holds the K columns of this rank's chunks."""
+        if use_triton(x):
+            from rlsys.kernels.triton_ops.autograd import LinearTree
+
+            lead, k = x.shape[:-1], x.shape[-1]
+            out = LinearTree.apply(x.reshape(-1, k), w_shard, self.chunks)
+            return out.reshape(*lead, w_shard.shape[0])
         return row_partial(x, w_shard, self.chunks)
 
     def reduce(self, subtotal: Tensor) -> Tensor:

@@ -12,6 +12,12 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run through Triton's CPU interpreter. It is read when a
+# kernel module is imported, so it is set before any test imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PG_HOST, PG_PORT = os.environ.get("RLSYS_TEST_PG_HOST", "127.0.0.1"), 5432
 PG_ADMIN_URL = os.environ.get(

@@ -107,8 +107,9 @@ def shard_state(
         (r"attn\.proj\.wgate$", lambda t: t[heads[0] : heads[1]]),
         (r"attn\.proj\.wo$", lambda t: t[:, plan.wo_cols[0] : plan.wo_cols[1]]),
         (r"attn\.w_index_q$", lambda t: t[groups[0] * idx : groups[1] * idx]),
-        (r"ffn\.experts\.\d+\.w[13]$", lambda t: t[plan.hidden[0] : plan.hidden[1]]),
-        (r"ffn\.experts\.\d+\.w2$", lambda t: t[:, plan.hidden[0] : plan.hidden[1]]),
+        # routed experts are stacked (E, H, d) / (E, d, H); a dense FFN is (H, d) / (d, H)
+        (r"ffn\.w[13]$", lambda t: t[..., plan.hidden[0] : plan.hidden[1], :]),
+        (r"ffn\.w2$", lambda t: t[..., plan.hidden[0] : plan.hidden[1]]),
         (r"ffn\.shared\.w[13]$", lambda t: t[plan.shared_hidden[0] : plan.shared_hidden[1]]),
         (r"ffn\.shared\.w2$", lambda t: t[:, plan.shared_hidden[0] : plan.shared_hidden[1]]),
     ]

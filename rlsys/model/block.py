@@ -15,6 +15,7 @@ from rlsys.model.attention import SeqSpan
 from rlsys.model.aux import AuxLosses
 from rlsys.model.cache import LayerCache
 from rlsys.model.grad_clamp import GradClamp
+from rlsys.model.kv_layout import TritonKV
 from rlsys.model.moe import MoE, SwiGLU
 from rlsys.model.norm import ZeroCenteredRMSNorm
 from rlsys.model.routing import Routing
@@ -51,7 +52,7 @@ class Block(nn.Module):
         h: Tensor,
         positions: Tensor,
         spans: list[SeqSpan],
-        caches: list[LayerCache],
+        caches: list[LayerCache] | TritonKV,
         routing: Routing | None = None,
         aux: AuxLosses | None = None,
     ) -> Tensor:

@@ -8,6 +8,10 @@ Invariants:
   output does not depend on which other tokens were routed with it.
 - A `RoutingReplay` replaces the router's choice; with gates it reproduces the recorded
   forward bitwise, without gates the router recomputes them and keeps its gradient.
+- Routed experts are stacked weights (w1/w3 (E, H, d), w2 (E, d, H)). On the reference
+  path each expert runs the SwiGLU math on its rows; on the Triton path one grouped launch
+  per projection serves every expert (rows sorted by expert, no Python loop over experts).
+  Both give a token's row the same value whatever other tokens share the call.
 """
 
 from __future__ import annotations
@@ -17,10 +21,20 @@ from torch import Tensor, nn
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
+from rlsys.kernels.dispatch import use_triton
 from rlsys.kernels.tp import RowParallel
 from rlsys.model.attention import init_weight
 from rlsys.model.aux import AuxLosses
 from rlsys.model.routing import Routing, RoutingRecorder, RoutingReplay
+
+
+def swiglu_hidden(x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+    """silu(x w1^T) * (x w3^T) in the weights' dtype."""
+    if use_triton(x):
+        from rlsys.kernels.triton_ops.autograd import SwiGLU as SwiGLUKernel
+
+        return SwiGLUKernel.apply(x.reshape(-1, x.shape[-1]), w1, w3)
+    return kernels.silu(kernels.linear(x, w1)) * kernels.linear(x, w3)
 
 
 class SwiGLU(nn.Module):
@@ -36,8 +50,7 @@ class SwiGLU(nn.Module):
 
     def partial(self, x: Tensor) -> Tensor:
         """This TP rank's subtotal of the output (the whole output at TP=1)."""
-        hidden = kernels.silu(kernels.linear(x, self.w1)) * kernels.linear(x, self.w3)
-        return self.row_parallel.partial(hidden, self.w2)
+        return self.row_parallel.partial(swiglu_hidden(x, self.w1, self.w3), self.w2)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.row_parallel.reduce(self.partial(x))
@@ -52,9 +65,10 @@ class MoE(nn.Module):
         d, std = cfg.d_model, cfg.init_std
         out_std = std / (2 * cfg.n_layers) ** 0.5
         self.router = init_weight((cfg.n_experts, d), std, torch.float32)
-        self.experts = nn.ModuleList(
-            SwiGLU(d, cfg.expert_hidden, std, out_std, dtype) for _ in range(cfg.n_experts)
-        )
+        e, hid = cfg.n_experts, cfg.expert_hidden
+        self.w1 = init_weight((e, hid, d), std, dtype)
+        self.w3 = init_weight((e, hid, d), std, dtype)
+        self.w2 = init_weight((e, d, hid), out_std, dtype)
         self.shared = (
             SwiGLU(d, cfg.expert_hidden * cfg.n_shared_experts, std, out_std, dtype)
             if cfg.n_shared_experts
@@ -114,18 +128,46 @@ class MoE(nn.Module):
         return biased.topk(self.cfg.experts_per_token, dim=-1).indices
 
     def _run_experts(self, x: Tensor, idx: Tensor) -> Tensor:
-        """(N, k, d): expert idx[t, j] applied to token t, in slot j."""
+        """(N, k, d) fp32 subtotals: expert idx[t, j] applied to token t, in slot j."""
         n, k = idx.shape
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.cfg.n_experts).tolist()
+        counts = torch.bincount(flat, minlength=self.cfg.n_experts)
+        x_sorted = x[order // k]
+        if use_triton(x):
+            ys = self._grouped(x_sorted, counts)
+        else:
+            ys = self._per_expert(x_sorted, counts.tolist())
+        return ys.new_zeros(n * k, ys.shape[-1]).index_copy(0, order, ys).view(n, k, -1)
+
+    def _per_expert(self, x_sorted: Tensor, counts: list[int]) -> Tensor:
         outs, start = [], 0
         for e, count in enumerate(counts):
             if count:
-                outs.append(self.experts[e].partial(x[order[start : start + count] // k]))
+                rows = x_sorted[start : start + count]
+                hidden = swiglu_hidden(rows, self.w1[e], self.w3[e])
+                outs.append(self.row_parallel.partial(hidden, self.w2[e]))
             start += count
-        ys = torch.cat(outs, dim=0)
-        return ys.new_zeros(n * k, ys.shape[-1]).index_copy(0, order, ys).view(n, k, -1)
+        return torch.cat(outs, dim=0)
+
+    def _grouped(self, x_sorted: Tensor, counts: Tensor) -> Tensor:
+        from rlsys.kernels.triton_ops.autograd import GroupedSwiGLU, GroupedTree
+        from rlsys.kernels.triton_ops.linear import BM, expert_tiles
+
+        max_tiles = -(-x_sorted.shape[0] // BM) + self.cfg.n_experts
+        tiles = expert_tiles(counts, max_tiles)
+        # host counts only for the backward's per-expert weight grads
+        host = counts.tolist() if torch.is_grad_enabled() else []
+        hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, host, tiles)
+        return GroupedTree.apply(hidden, self.w2, host, tiles, self.row_parallel.chunks)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        # Checkpoints written before the experts were stacked hold experts.{e}.w{1,2,3}.
+        for name in ("w1", "w2", "w3"):
+            old = [f"{prefix}experts.{e}.{name}" for e in range(self.cfg.n_experts)]
+            if old[0] in state_dict and f"{prefix}{name}" not in state_dict:
+                state_dict[f"{prefix}{name}"] = torch.stack([state_dict.pop(key) for key in old])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _balance_loss(self, scores: Tensor, idx: Tensor) -> Tensor:
         """Switch-style `E * sum_e f_e * P_e` (f: routed fraction, P: mean router prob)."""

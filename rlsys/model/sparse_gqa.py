@@ -36,6 +36,7 @@ from rlsys.model.attention import (
 )
 from rlsys.model.aux import AuxLosses
 from rlsys.model.cache import SparseKVCache
+from rlsys.model.kv_layout import TritonKV
 from rlsys.model.rope import apply_rope
 
 
@@ -50,6 +51,7 @@ class SparseGQA(nn.Module):
             (cfg.n_kv_groups * cfg.index_dim, cfg.d_model), cfg.init_std, dtype
         )
         self.w_index_k = init_weight((cfg.index_dim, cfg.d_model), cfg.init_std, dtype)
+        self.kind_index = 0  # among the model's Sparse GQA layers (its pools in a PagePool)
 
     def new_cache(self, dtype: torch.dtype, device: torch.device) -> SparseKVCache:
         cfg = self.cfg
@@ -62,7 +64,7 @@ class SparseGQA(nn.Module):
         x: Tensor,
         positions: Tensor,
         spans: list[SeqSpan],
-        caches: list[SparseKVCache],
+        caches: list[SparseKVCache] | TritonKV,
         aux: AuxLosses | None = None,
     ) -> Tensor:
         cfg = self.cfg
@@ -77,6 +79,16 @@ class SparseGQA(nn.Module):
         qi = apply_rope(qi, positions, cfg.rope_theta)
         ki = kernels.linear(x_index, self.w_index_k).float().view(n, 1, -1)
         ki = apply_rope(ki, positions, cfg.rope_theta).view(n, -1)
+        if isinstance(caches, TritonKV):
+            from rlsys.model.triton_attention import sparse_attention
+
+            want_kl = aux is not None and torch.is_grad_enabled()
+            out, kl = sparse_attention(
+                cfg, self.kind_index, self.proj.scale, q, k, v, qi, ki, caches, want_kl
+            )
+            if kl is not None and aux is not None:
+                aux.add("indexer_kl", kl)
+            return self.proj.gated_output(x, out)
         outs = []
         for s, cache in zip(spans, caches, strict=True):
             rows = slice(s.row, s.row + s.n)

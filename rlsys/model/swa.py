@@ -23,6 +23,7 @@ from rlsys.model.attention import (
 )
 from rlsys.model.aux import AuxLosses
 from rlsys.model.cache import SlidingKVCache
+from rlsys.model.kv_layout import TritonKV
 
 
 class GatedSlidingWindowAttention(nn.Module):
@@ -32,6 +33,7 @@ class GatedSlidingWindowAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.proj = AttentionProjections(cfg, dtype)
+        self.kind_index = 0  # among the model's SWA layers (its pools in a PagePool)
 
     def new_cache(self, dtype: torch.dtype, device: torch.device) -> SlidingKVCache:
         cfg = self.cfg
@@ -43,10 +45,15 @@ class GatedSlidingWindowAttention(nn.Module):
         x: Tensor,
         positions: Tensor,
         spans: list[SeqSpan],
-        caches: list[SlidingKVCache],
+        caches: list[SlidingKVCache] | TritonKV,
         aux: AuxLosses | None = None,
     ) -> Tensor:
         q, k, v = self.proj.qkv(x, positions)
+        if isinstance(caches, TritonKV):
+            from rlsys.model.triton_attention import swa_attention
+
+            out = swa_attention(self.cfg, self.kind_index, self.proj.scale, q, k, v, caches)
+            return self.proj.gated_output(x, out)
         outs = [
             self._attend(
                 q[s.row : s.row + s.n], k[s.row : s.row + s.n], v[s.row : s.row + s.n], s.pos, cache

@@ -1,6 +1,11 @@
 """The policy model: embedding, blocks (3:1 gated SWA : Sparse GQA, MoE FFN), LM head, MTP.
 
-Two entry points share one code path (`_trunk`):
+Two entry points share one code path (`_trunk`), on either kernel path:
+- the reference path (CPU): attention reads per-sequence `ModelCache`s;
+- the Triton path (CUDA, or `RLSYS_KERNELS=triton`): attention reads a `TritonKV` built once
+  per forward: the trainer's packed K/V, or the engine's `PagePool` (caches are then
+  `PagedSeqCache`s; `attach_page_pool` turns it on). One batched launch per kernel serves
+  every sequence of the step.
 - `forward(tokens (B, T))`: the trainer's full-sequence forward (fresh caches per row).
 - `forward_step(chunks, caches)`: the engine's incremental forward. Each chunk is the next
   tokens of one sequence (a prefill chunk or one decode token); all chunks are packed into
@@ -13,6 +18,7 @@ Tensor legend: B batch, T time, N packed rows, V vocabulary, d width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,13 +26,16 @@ from torch import Tensor, nn
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
+from rlsys.kernels.dispatch import use_triton
 from rlsys.model.attention import SeqSpan, init_weight
 from rlsys.model.aux import AuxLosses
 from rlsys.model.block import Block
-from rlsys.model.cache import ModelCache
+from rlsys.model.cache import LayerCache, ModelCache
+from rlsys.model.kv_layout import TritonKV, packed_kv, paged_kv
 from rlsys.model.moe import MoE
 from rlsys.model.mtp import MTPHead
 from rlsys.model.norm import ZeroCenteredRMSNorm
+from rlsys.model.paged_cache import PagedSeqCache, PagePool
 from rlsys.model.routing import Routing
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -55,18 +64,29 @@ class Transformer(nn.Module):
         self.final_norm = ZeroCenteredRMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = init_weight((cfg.vocab_size, cfg.d_model), cfg.init_std, self.dtype)
         self.mtp = nn.ModuleList(MTPHead(cfg, self.dtype) for _ in range(cfg.mtp_depth))
+        counters = {"swa": 0, "sparse": 0}
+        for block in self.blocks:
+            block.attn.kind_index = counters[block.kind]
+            counters[block.kind] += 1
+        self.page_pool: PagePool | None = None
 
     # ---- engine: incremental ------------------------------------------------------------
 
-    def new_cache(self, device: torch.device | str = "cpu") -> ModelCache:
-        """An empty cache for one sequence (one per-layer cache per block)."""
+    def attach_page_pool(self, pool: PagePool | None) -> None:
+        """Serve incremental forwards from `pool` (the Triton path); None: per-seq caches."""
+        self.page_pool = pool
+
+    def new_cache(self, device: torch.device | str = "cpu") -> ModelCache | PagedSeqCache:
+        """An empty cache for one sequence: pages of the pool, else one cache per block."""
+        if self.page_pool is not None:
+            return PagedSeqCache()
         dev = torch.device(device)
         return ModelCache([b.attn.new_cache(self.dtype, dev) for b in self.blocks])
 
     def forward_step(
         self,
         chunks: list[Tensor],
-        caches: list[ModelCache],
+        caches: list[ModelCache] | list[PagedSeqCache],
         routing: Routing | None = None,
         aux: AuxLosses | None = None,
     ) -> list[Tensor]:
@@ -81,9 +101,16 @@ class Transformer(nn.Module):
             spans.append(SeqSpan(row, chunk.shape[0], cache.length))
             row += chunk.shape[0]
         tokens = torch.cat(chunks)
-        h = self._trunk(tokens, spans, caches, routing, aux)
+        if caches and isinstance(caches[0], PagedSeqCache):
+            assert self.page_pool is not None, "paged caches need attach_page_pool"
+            kv = paged_kv(self.cfg, self.page_pool, spans, caches)  # type: ignore[arg-type]
+            h = self._trunk(tokens, spans, lambda _: kv, routing, aux)
+        else:
+            h = self._trunk(tokens, spans, lambda i: [c.layers[i] for c in caches], routing, aux)  # type: ignore[union-attr]
         for span, cache in zip(spans, caches, strict=True):
             cache.length += span.n
+            if isinstance(cache, PagedSeqCache):
+                self.page_pool.trim_window(cache)  # type: ignore[union-attr]
         logits = self.logits(h)
         return [logits[s.row : s.row + s.n] for s in spans]
 
@@ -99,9 +126,7 @@ class Transformer(nn.Module):
         """tokens (B, T) -> logits (B, T, V) fp32 predicting t + 1 (plus MTP heads)."""
         bsz, t = tokens.shape
         spans = [SeqSpan(i * t, t, 0) for i in range(bsz)]
-        caches = [self.new_cache(tokens.device) for _ in range(bsz)]
-        flat = tokens.reshape(-1)
-        h = self._trunk(flat, spans, caches, routing, aux)
+        h = self._trunk_packed(tokens.reshape(-1), spans, routing, aux)
         out = ModelOutput(self.logits(h).view(bsz, t, -1), h.view(bsz, t, -1))
         if with_mtp and len(self.mtp):
             positions = self._positions(spans, h.device)
@@ -126,8 +151,7 @@ class Transformer(nn.Module):
         No LM head: the trainer applies it (`head_logits`) to the rows it needs, in chunks.
         """
         assert all(s.pos == 0 for s in spans), "a packed training sequence starts at 0"
-        caches = [self.new_cache(tokens.device) for _ in spans]
-        return self._trunk(tokens, spans, caches, routing, aux)
+        return self._trunk_packed(tokens, spans, routing, aux)
 
     def head_logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head in the compute dtype: fp32 hidden rows (..., d) -> (..., V)."""
@@ -139,18 +163,31 @@ class Transformer(nn.Module):
 
     # ---- shared ---------------------------------------------------------------------------
 
+    def _trunk_packed(
+        self, tokens: Tensor, spans: list[SeqSpan], routing: Routing | None, aux: AuxLosses | None
+    ) -> Tensor:
+        """Sequences from position 0: packed K/V (Triton) or fresh per-sequence caches."""
+        if use_triton(tokens):
+            kv = packed_kv(self.cfg, spans, tokens.device)
+            return self._trunk(tokens, spans, lambda _: kv, routing, aux)
+        caches = [
+            ModelCache([b.attn.new_cache(self.dtype, tokens.device) for b in self.blocks])
+            for _ in spans
+        ]
+        return self._trunk(tokens, spans, lambda i: [c.layers[i] for c in caches], routing, aux)
+
     def _trunk(
         self,
         tokens: Tensor,
         spans: list[SeqSpan],
-        caches: list[ModelCache],
+        layer_kv: Callable[[int], list[LayerCache] | TritonKV],
         routing: Routing | None,
         aux: AuxLosses | None,
     ) -> Tensor:
         positions = self._positions(spans, tokens.device)
         h = self.embed[tokens].float()  # the residual stream is fp32 from here on
         for i, block in enumerate(self.blocks):
-            h = block(h, positions, spans, [c.layers[i] for c in caches], routing, aux)
+            h = block(h, positions, spans, layer_kv(i), routing, aux)
         return h
 
     @staticmethod
@@ -177,7 +214,7 @@ class Transformer(nn.Module):
         cfg, unused = self.cfg, 0
         for module in self.modules():
             if isinstance(module, MoE):
-                per_expert = sum(p.numel() for p in module.experts[0].parameters())
+                per_expert = module.w1[0].numel() + module.w2[0].numel() + module.w3[0].numel()
                 unused += per_expert * (cfg.n_experts - cfg.experts_per_token)
         unused += sum(p.numel() for p in self.mtp.parameters())
         return total - unused

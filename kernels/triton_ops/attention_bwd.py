@@ -1,0 +1,368 @@
+"""Backward of `attention_fwd` (training only: packed sequences that start at position 0),
+and the per-block attention mass that the indexer's KL loss needs.
+
+- `_attn_bwd_dq`: per (query tile, group), the forward's step walk, recomputing
+  p = exp2(s - lse); dq = sum_steps dS K.
+- `_attn_bwd_dkv`: per (key step of a sequence, group), a walk over the query tiles that
+  visit that step (a window range for SWA, the inverse of the union lists for Sparse GQA);
+  dK and dV of a key are written by exactly one program: no atomics, so the backward is
+  deterministic run to run.
+- `_block_mass`: per (query tile, group), the main attention's probability mass on each of
+  a query's selected blocks, averaged over the group's heads, at the block's slot in the
+  query's (ascending) selection.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.triton_ops.attention_fwd import (
+    LOG2E,
+    load_keys,
+    no_selection,
+    row_visibility,
+    step_bounds,
+    tile_rows,
+)
+from rlsys.kernels.triton_ops.common import dot_precision, interpreting, mma, next_pow2
+
+
+@triton.jit
+def _load_rows(base, qrow, head, present, stride_n, stride_h, d, D: tl.constexpr):
+    return tl.load(
+        base + qrow[:, None] * stride_n + head[:, None] * stride_h + d[None, :],
+        mask=present[:, None] & (d < D)[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    block_table, bt_stride,
+    step_off, step_ids,
+    sel_bits, sb_stride_n, sb_stride_g,
+    qk_scale, sm_scale, window,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    seq, lo, hi, r, qpos, present, qrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    )
+    head = g * G + r % G
+    d = tl.arange(0, DP)
+    q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
+    do = _load_rows(DO, qrow, head, present, q_stride_n, q_stride_h, d, D)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    h_all = G * tl.num_programs(1)
+    lse = tl.load(LSE + qrow * h_all + head, mask=present, other=0.0)
+    delta = tl.load(DELTA + qrow * h_all + head, mask=present, other=0.0)
+    dq = tl.zeros([T * G, DP], tl.float32)
+    k_base = K + g * k_stride_g
+    v_base = V + g * k_stride_g
+    first, last = step_bounds(tile, g, lo, hi, step_off, window, SPARSE, STEP)
+    for i in range(first, last):
+        if SPARSE:
+            c = tl.load(step_ids + i)
+        else:
+            c = i
+        kpos = c * STEP + tl.arange(0, STEP)
+        vis = row_visibility(
+            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
+        )
+        kneed = tl.max(vis.to(tl.int32), axis=0) > 0
+        k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+        v = load_keys(v_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+        p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
+        dp = mma(do, tl.trans(v), PRECISION, UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq += mma(ds.to(k.dtype), k, PRECISION, UPCAST)
+    tl.store(
+        DQ + qrow[:, None] * q_stride_n + head[:, None] * q_stride_h + d[None, :],
+        (dq * sm_scale).to(DQ.dtype.element_ty),
+        mask=present[:, None] & (d < D)[None, :],
+    )
+
+
+@triton.jit
+def _attn_bwd_dkv(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    block_table, bt_stride,
+    chunk_seq, chunk_step, seq_len, seq_tile0, seq_ntiles,
+    inv_off, inv_tiles,
+    sel_bits, sb_stride_n, sb_stride_g,
+    qk_scale, sm_scale, window,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    chunk = tl.program_id(0)
+    g = tl.program_id(1)
+    hkv = tl.num_programs(1)
+    seq = tl.load(chunk_seq + chunk)
+    c = tl.load(chunk_step + chunk)
+    kpos = c * STEP + tl.arange(0, STEP)
+    kvalid = kpos < tl.load(seq_len + seq)
+    d = tl.arange(0, DP)
+    k_base = K + g * k_stride_g
+    v_base = V + g * k_stride_g
+    k = load_keys(k_base, block_table, bt_stride, seq, kpos, kvalid, k_stride_r, d, D, PAGE)
+    v = load_keys(v_base, block_table, bt_stride, seq, kpos, kvalid, k_stride_r, d, D, PAGE)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([STEP, DP], tl.float32)
+    dv = tl.zeros([STEP, DP], tl.float32)
+    if SPARSE:
+        first = tl.load(inv_off + chunk * hkv + g)
+        last = tl.load(inv_off + chunk * hkv + g + 1)
+    else:
+        t0 = tl.load(seq_tile0 + seq)
+        first = t0 + (c * STEP) // T
+        last = t0 + tl.minimum(
+            (c * STEP + STEP - 1 + window - 1) // T + 1, tl.load(seq_ntiles + seq)
+        )
+    for i in range(first, last):
+        if SPARSE:
+            tile = tl.load(inv_tiles + i)
+        else:
+            tile = i
+        _, lo, hi, r, qpos, present, qrow = tile_rows(
+            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+        )
+        head = g * G + r % G
+        q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
+        do = _load_rows(DO, qrow, head, present, q_stride_n, q_stride_h, d, D)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
+        delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
+        vis = row_visibility(
+            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
+        )
+        vis = vis & kvalid[None, :]
+        s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+        p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
+        dv += mma(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
+        dp = mma(do, tl.trans(v), PRECISION, UPCAST)
+        ds = p * (dp - delta[:, None])
+        dk += mma(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
+    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kvalid, other=0)
+    krow = page_row + kpos % PAGE
+    offs = krow[:, None] * k_stride_r + g * k_stride_g + d[None, :]
+    out_mask = kvalid[:, None] & (d < D)[None, :]
+    tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
+    tl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _block_mass(
+    Q, K, LSE, MASS,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g, m_stride_n, m_stride_g,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    block_table, bt_stride,
+    step_off, step_ids,
+    sel_bits, sb_stride_n, sb_stride_g,
+    qk_scale,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    seq, lo, hi, r, qpos, present, qrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    )
+    head = g * G + r % G
+    d = tl.arange(0, DP)
+    q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
+    if UPCAST:
+        q = q.to(tl.float32)
+    lse = tl.load(LSE + qrow * (G * tl.num_programs(1)) + head, mask=present, other=0.0)
+    # per slot: the query's row, and a cursor = selected blocks seen so far
+    slot = tl.arange(0, T)
+    spos = tl.load(tile_slot0 + tile) + slot
+    spresent = (spos >= lo) & (spos < hi)
+    srow = tl.where(spresent, tl.load(tile_row + tile) + spos - lo, 0)
+    cursor = tl.zeros([T], tl.int32)
+    NB: tl.constexpr = STEP // BLK
+    k_base = K + g * k_stride_g
+    first, last = step_bounds(tile, g, lo, hi, step_off, 0, True, STEP)
+    for i in range(first, last):
+        c = tl.load(step_ids + i)
+        kpos = c * STEP + tl.arange(0, STEP)
+        vis = row_visibility(
+            qpos, present, qrow, kpos, g, 0, sel_bits, sb_stride_n, sb_stride_g, True, BLK
+        )
+        kneed = tl.max(vis.to(tl.int32), axis=0) > 0
+        k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+        p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
+        per_slot = tl.sum(tl.reshape(p, (T, G, STEP)), axis=1) / G  # (T, STEP)
+        mass = tl.sum(tl.reshape(per_slot, (T, NB, BLK)), axis=2)  # (T, NB)
+        blk = c * NB + tl.arange(0, NB)
+        word = tl.load(
+            sel_bits + srow[:, None] * sb_stride_n + g * sb_stride_g + (blk // 32)[None, :],
+            mask=spresent[:, None],
+            other=0,
+        )
+        chosen = (((word >> (blk % 32)[None, :]) & 1) == 1) & spresent[:, None]
+        rank = cursor[:, None] + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
+        tl.store(
+            MASS + srow[:, None] * m_stride_n + g * m_stride_g + rank,
+            mass,
+            mask=chosen,
+        )
+        cursor += tl.sum(chosen.to(tl.int32), axis=1)
+
+
+def _common_args(q: Tensor, k: Tensor, tiles: QueryTiles, kv: PagedKV) -> tuple:
+    return (
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row,
+        kv.block_table, kv.block_table.stride(0),
+    )  # fmt: skip
+
+
+def attention_backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    tiles: QueryTiles,
+    kv: PagedKV,
+    seq_lens: list[int],
+    *,
+    scale: float,
+    step: int,
+    window: int = 0,
+    sparse: tuple[Tensor, Tensor, Tensor] | None = None,
+    block: int = 1,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of `attention_forward` for packed sequences starting at position 0."""
+    hkv = k.shape[1]
+    g = q.shape[1] // hkv
+    do = do.contiguous()
+    delta = (do.float() * out.float()).sum(-1)  # (N, H)
+    dq = torch.empty_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    step_off, step_ids, bits = sparse if sparse is not None else no_selection(q.device)
+    meta = dict(
+        G=g, T=tiles.T, D=q.shape[2], DP=next_pow2(q.shape[2]), STEP=step, PAGE=kv.page_size,
+        BLK=block, SPARSE=sparse is not None, UPCAST=interpreting(),
+        PRECISION=dot_precision(q.dtype),
+    )  # fmt: skip
+    _attn_bwd_dq[(tiles.n_tiles, hkv)](
+        q, k, v, do, lse, delta, dq, *_common_args(q, k, tiles, kv),
+        step_off, step_ids, bits, bits.stride(0), bits.stride(1),
+        scale * LOG2E, scale, window, **meta,
+    )  # fmt: skip
+    chunks = _key_chunks(seq_lens, tiles, step, q.device)
+    inv_off, inv_tiles = (
+        _invert_steps(step_off, step_ids, tiles, chunks, hkv)
+        if sparse is not None
+        else (step_off, step_ids)
+    )
+    _attn_bwd_dkv[(chunks["n"], hkv)](
+        q, k, v, do, lse, delta, dk, dv, *_common_args(q, k, tiles, kv),
+        chunks["seq"], chunks["step"], chunks["seq_len"], chunks["seq_tile0"], chunks["seq_ntiles"],
+        inv_off, inv_tiles, bits, bits.stride(0), bits.stride(1),
+        scale * LOG2E, scale, window, **meta,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+def _key_chunks(seq_lens: list[int], tiles: QueryTiles, step: int, device: torch.device) -> dict:
+    """Every (sequence, key step) of a packed batch, and each sequence's tile range."""
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    n_steps = (lens + step - 1) // step
+    seq = torch.repeat_interleave(torch.arange(len(seq_lens)), n_steps)
+    first = torch.cumsum(n_steps, 0) - n_steps
+    stp = torch.arange(int(n_steps.sum())) - first[seq]
+    ntiles = (lens + tiles.T - 1) // tiles.T
+    tile0 = torch.cumsum(ntiles, 0) - ntiles
+
+    def dev(t: Tensor) -> Tensor:
+        return t.to(device=device, dtype=torch.int32)
+
+    return {
+        "n": int(seq.shape[0]),
+        "seq": dev(seq),
+        "step": dev(stp),
+        "seq_len": dev(lens),
+        "seq_tile0": dev(tile0),
+        "seq_ntiles": dev(ntiles),
+        "chunk0": first.to(device),
+    }
+
+
+def _invert_steps(
+    step_off: Tensor, step_ids: Tensor, tiles: QueryTiles, chunks: dict, hkv: int
+) -> tuple[Tensor, Tensor]:
+    """CSR over (key chunk, group) of the query tiles whose union visits that chunk,
+    ascending tile order (a fixed accumulation order for dK/dV)."""
+    dev = step_ids.device
+    counts = (step_off[1:] - step_off[:-1]).long()
+    tg = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts)
+    tile, g = tg // hkv, tg % hkv
+    chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids.long()
+    key = chunk * hkv + g
+    order = torch.argsort(key * tiles.n_tiles + tile)
+    per_key = torch.bincount(key, minlength=chunks["n"] * hkv)
+    inv_off = torch.zeros(chunks["n"] * hkv + 1, dtype=torch.int64, device=dev)
+    inv_off[1:] = torch.cumsum(per_key, 0)
+    return inv_off.to(torch.int32), tile[order].to(torch.int32)
+
+
+def block_mass(
+    q: Tensor,
+    k: Tensor,
+    lse: Tensor,
+    tiles: QueryTiles,
+    kv: PagedKV,
+    sparse: tuple[Tensor, Tensor, Tensor],
+    topk_blocks: int,
+    *,
+    scale: float,
+    step: int,
+    block: int,
+) -> Tensor:
+    """(N, Hkv, KSEL) fp32: attention mass on each selected block (head mean), 0 padded."""
+    hkv = k.shape[1]
+    g = q.shape[1] // hkv
+    step_off, step_ids, bits = sparse
+    mass = torch.zeros(q.shape[0], hkv, topk_blocks, dtype=torch.float32, device=q.device)
+    _block_mass[(tiles.n_tiles, hkv)](
+        q, k, lse, mass,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), mass.stride(0), mass.stride(1),
+        tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row,
+        kv.block_table, kv.block_table.stride(0),
+        step_off, step_ids, bits, bits.stride(0), bits.stride(1),
+        scale * LOG2E,
+        G=g, T=tiles.T, D=q.shape[2], DP=next_pow2(q.shape[2]), STEP=step, PAGE=kv.page_size,
+        BLK=block, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
+    )  # fmt: skip
+    return mass

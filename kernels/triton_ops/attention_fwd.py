@@ -1,0 +1,231 @@
+"""Forward attention over a paged/packed K/V pool, for gated SWA and Sparse GQA alike.
+
+One program = one query tile (T slots of one sequence) x one KV group: M = T * G rows
+ordered (slot, head), so the G heads that share a KV group share every K/V load and the
+MMA has M rows even in decode (one present slot). Keys are visited in *steps* of STEP
+consecutive absolute positions aligned to STEP:
+- SWA: every step from the first one a present row's window reaches to the last present
+  position (a contiguous range);
+- Sparse GQA: the union, over the tile's present rows, of the steps holding a selected
+  block or the row's own (current) block, ascending (a CSR list built by the indexer).
+
+Batch invariance (DESIGN.md 6), why it holds:
+- a row's scores are `dot(q_row, k)`: row-independent MMA, one fixed K-loop over D;
+- the online softmax visits, for every row, the same aligned steps in ascending order;
+  a step in which a row sees nothing (a union step it did not select, a window step out of
+  its reach) leaves its (m, l, acc) bitwise unchanged: max(m, -inf) = m, exp2(0) = 1,
+  p = exp2(-inf) = 0 and acc * 1 + dot(0, v) = acc;
+- keys no row can see are not loaded (decode reads only what it needs) and are -inf.
+So a token's output is the same in a decode step of any batch, in a chunked prefill and in
+the trainer's packed forward. m starts at -1e30 (finite), so the first visible step
+rescales the empty state by exp2(-1e30 - m) = 0 without producing a NaN.
+Outputs: O (N, H, D) in q's dtype, LSE (N, H) fp32 in base 2 (for the backward).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.triton_ops.common import (
+    check_device,
+    dot_precision,
+    interpreting,
+    mma,
+    next_pow2,
+)
+
+LOG2E = 1.4426950408889634
+NEG_INIT = -1.0e30
+
+
+@triton.jit
+def row_visibility(
+    qpos,
+    present,
+    qrow,
+    kpos,
+    g,
+    window,
+    sel_bits,
+    sb_stride_n,
+    sb_stride_g,
+    SPARSE: tl.constexpr,
+    BLK: tl.constexpr,
+):
+    """(M, STEP) bool: row (a query at qpos, present in this call) sees key kpos."""
+    causal = (kpos[None, :] <= qpos[:, None]) & present[:, None]
+    if SPARSE:
+        kblk = kpos // BLK
+        own = kblk[None, :] == (qpos // BLK)[:, None]
+        word = tl.load(
+            sel_bits + qrow[:, None] * sb_stride_n + g * sb_stride_g + (kblk // 32)[None, :],
+            mask=causal,
+            other=0,
+        )
+        chosen = ((word >> (kblk % 32)[None, :]) & 1) == 1
+        vis = causal & (own | chosen)
+    else:
+        vis = causal & (kpos[None, :] > qpos[:, None] - window)
+    return vis
+
+
+@triton.jit
+def tile_rows(
+    tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T: tl.constexpr, G: tl.constexpr
+):
+    """Per tile row (slot, head): query position, presence and query row; plus the tile's seq."""
+    seq = tl.load(tile_seq + tile)
+    slot0 = tl.load(tile_slot0 + tile)
+    lo = tl.load(tile_lo + tile)
+    hi = tl.load(tile_hi + tile)
+    row0 = tl.load(tile_row + tile)
+    r = tl.arange(0, T * G)
+    qpos = slot0 + r // G
+    present = (qpos >= lo) & (qpos < hi)
+    qrow = tl.where(present, row0 + qpos - lo, 0)
+    return seq, lo, hi, r, qpos, present, qrow
+
+
+@triton.jit
+def step_bounds(tile, g, lo, hi, step_off, window, SPARSE: tl.constexpr, STEP: tl.constexpr):
+    """[first, last) of the step loop: CSR slots (sparse) or aligned step indices (SWA)."""
+    if SPARSE:
+        first = tl.load(step_off + tile * tl.num_programs(1) + g)
+        last = tl.load(step_off + tile * tl.num_programs(1) + g + 1)
+    else:
+        first = tl.maximum(lo - window + 1, 0) // STEP
+        last = (hi - 1) // STEP + 1
+    return first, last
+
+
+@triton.jit
+def load_keys(
+    base, block_table, bt_stride, seq, kpos, kneed, stride_r, d, D: tl.constexpr, PAGE: tl.constexpr
+):
+    """(STEP, DP) rows of a pool at absolute positions kpos (zeros where not needed)."""
+    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kneed, other=0)
+    krow = page_row + kpos % PAGE
+    return tl.load(
+        base + krow[:, None] * stride_r + d[None, :],
+        mask=kneed[:, None] & (d < D)[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, LSE,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g, o_stride_n, o_stride_h,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    block_table, bt_stride,
+    step_off, step_ids,
+    sel_bits, sb_stride_n, sb_stride_g,
+    qk_scale, window,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    seq, lo, hi, r, qpos, present, qrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    )
+    head = g * G + r % G
+    d = tl.arange(0, DP)
+    q = tl.load(
+        Q + qrow[:, None] * q_stride_n + head[:, None] * q_stride_h + d[None, :],
+        mask=present[:, None] & (d < D)[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    m = tl.full([T * G], NEG_INIT, tl.float32)
+    denom = tl.zeros([T * G], tl.float32)
+    acc = tl.zeros([T * G, DP], tl.float32)
+    k_base = K + g * k_stride_g
+    v_base = V + g * k_stride_g
+    first, last = step_bounds(tile, g, lo, hi, step_off, window, SPARSE, STEP)
+    for i in range(first, last):
+        if SPARSE:
+            c = tl.load(step_ids + i)
+        else:
+            c = i
+        kpos = c * STEP + tl.arange(0, STEP)
+        vis = row_visibility(
+            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
+        )
+        kneed = tl.max(vis.to(tl.int32), axis=0) > 0
+        k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+        v = load_keys(v_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PRECISION, UPCAST)
+        m = m_new
+    seen = denom > 0
+    out = acc / tl.where(seen, denom, 1.0)[:, None]
+    tl.store(
+        Out + qrow[:, None] * o_stride_n + head[:, None] * o_stride_h + d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=present[:, None] & (d < D)[None, :],
+    )
+    lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), float("-inf"))
+    tl.store(LSE + qrow * (G * tl.num_programs(1)) + head, lse, mask=present)
+
+
+def no_selection(device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Placeholder CSR/bitmap arguments for SWA launches (never read)."""
+    z = torch.zeros(1, dtype=torch.int32, device=device)
+    return z, z, torch.zeros(1, 1, 1, dtype=torch.int32, device=device)
+
+
+def attention_forward(
+    q: Tensor,
+    k_pool: Tensor,
+    v_pool: Tensor,
+    tiles: QueryTiles,
+    kv: PagedKV,
+    *,
+    scale: float,
+    step: int,
+    window: int = 0,
+    sparse: tuple[Tensor, Tensor, Tensor] | None = None,
+    block: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """q (N, H, D), pools (R, Hkv, D) -> out (N, H, D) in q's dtype, lse (N, H) fp32 base 2.
+
+    `sparse` = (step_off (n_tiles * Hkv + 1,), step_ids, sel_bits (N, Hkv, NW)) selects
+    Sparse GQA; otherwise SWA with `window`.
+    """
+    check_device(q, k_pool, v_pool)
+    n, h, d = q.shape
+    hkv = k_pool.shape[1]
+    g = h // hkv
+    assert tiles.T * g >= 16 and step >= 16 and kv.page_size % step == 0
+    out = torch.empty_like(q)
+    lse = torch.empty(n, h, dtype=torch.float32, device=q.device)
+    if n == 0:
+        return out, lse
+    step_off, step_ids, bits = sparse if sparse is not None else no_selection(q.device)
+    _attn_fwd[(tiles.n_tiles, hkv)](
+        q, k_pool, v_pool, out, lse,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1),
+        tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row,
+        kv.block_table, kv.block_table.stride(0),
+        step_off, step_ids,
+        bits, bits.stride(0), bits.stride(1),
+        scale * LOG2E, window,
+        G=g, T=tiles.T, D=d, DP=next_pow2(d), STEP=step, PAGE=kv.page_size, BLK=block,
+        SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
+    )  # fmt: skip
+    return out, lse

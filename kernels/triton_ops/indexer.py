@@ -1,0 +1,264 @@
+"""Sparse GQA indexer: block scores, exact top-(k/B) selection, and the union step lists.
+
+Per query (position t) and KV group g, the score of a complete past block b < t // B is
+`qi[t, g] . block_key[b]` (fp32 keys). The selection is the k/B highest scores (all past
+blocks when there are fewer), ties broken toward the lower block id, so it is one exact
+function of the scores: no batch, chunk or page placement can change it.
+
+Kernels:
+- `_index_scores`: one program per (query tile, tile of NBT blocks); M = T * Hkv rows.
+  Scores go to a (rows, NBP) fp32 buffer that covers ONE chunk of queries at a time
+  (`select_blocks` walks the queries in chunks), so no L x L/B matrix ever exists.
+- `_topk_select`: one program per (query, group) row, scores held in registers (no sort,
+  no copy): rows of up to `rank_max` blocks rank every block against all others at once;
+  longer rows find the k-th largest by a 32-step bisection on the order-preserving integer
+  image of the fp32 scores. Both select the same set. Emits the selected ids ascending (-1 padded) and a
+  bitmap (one bit per block) that the attention kernels test per row.
+The union step lists (which aligned key steps a query tile must visit) are built here too,
+with torch sorting on small per-chunk tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.triton_ops.common import check_device, interpreting, mma, next_pow2
+
+SCORE_CHUNK_BYTES = 256 * 2**20  # score buffer per chunk of queries
+NBT = 64  # blocks per score program
+
+
+@triton.jit
+def _index_scores(
+    QI, BK, S,
+    qi_stride_n, qi_stride_g, bk_stride_r, s_stride_r,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    bk_table, bkt_stride,
+    row_base,
+    HKV: tl.constexpr, T: tl.constexpr, IDX: tl.constexpr, IDXP: tl.constexpr,
+    NBT: tl.constexpr, BPP: tl.constexpr, BLK: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    bt = tl.program_id(1)
+    seq = tl.load(tile_seq + tile)
+    slot0 = tl.load(tile_slot0 + tile)
+    lo = tl.load(tile_lo + tile)
+    hi = tl.load(tile_hi + tile)
+    row0 = tl.load(tile_row + tile)
+    r = tl.arange(0, T * HKV)
+    qpos = slot0 + r // HKV
+    g = r % HKV
+    present = (qpos >= lo) & (qpos < hi)
+    qrow = tl.where(present, row0 + qpos - lo, 0)
+    d = tl.arange(0, IDXP)
+    qi = tl.load(
+        QI + qrow[:, None] * qi_stride_n + g[:, None] * qi_stride_g + d[None, :],
+        mask=present[:, None] & (d < IDX)[None, :],
+        other=0.0,
+    )
+    b = bt * NBT + tl.arange(0, NBT)
+    bneed = b < (hi - 1) // BLK
+    page_row = tl.load(bk_table + seq * bkt_stride + b // BPP, mask=bneed, other=0)
+    bk = tl.load(
+        BK + (page_row + b % BPP)[:, None] * bk_stride_r + d[None, :],
+        mask=bneed[:, None] & (d < IDX)[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        qi = qi.to(tl.float32)
+        bk = bk.to(tl.float32)
+    s = mma(qi, tl.trans(bk), PRECISION, UPCAST)
+    out_row = (qrow - row_base) * HKV + g
+    tl.store(
+        S + out_row[:, None] * s_stride_r + b[None, :],
+        s,
+        mask=present[:, None] & (b[None, :] < (qpos // BLK)[:, None]),
+    )
+
+
+@triton.jit
+def _topk_select(
+    S, IDS, BITS, QPOS,
+    s_stride_r, ids_stride_r, bits_stride_r,
+    row_base,
+    HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
+    NBP: tl.constexpr, NW: tl.constexpr, BLK: tl.constexpr, RANK_MAX: tl.constexpr,
+):  # fmt: skip
+    local = tl.program_id(0)
+    row = row_base * HKV + local
+    npast = tl.load(QPOS + row // HKV) // BLK
+    b = tl.arange(0, NBP)
+    valid = b < npast
+    x = tl.load(S + local * s_stride_r + b, mask=valid, other=0.0)
+    bits = x.to(tl.uint32, bitcast=True)
+    one = tl.full([], 1, tl.uint32)
+    # order-preserving integer image: flip all bits of negatives, the sign bit of positives
+    key = tl.where(
+        (bits >> 31) == one, bits ^ tl.full([], 0xFFFFFFFF, tl.uint32), bits | (one << 31)
+    )
+    key = tl.where(valid, key, tl.zeros_like(key))
+    if npast <= KSEL:
+        sel = valid
+    elif NBP <= RANK_MAX:
+        # small rows: a block's rank is how many valid blocks beat it (ties: lower id wins)
+        ids = tl.arange(0, NBP)
+        beats = (key[None, :] > key[:, None]) | (
+            (key[None, :] == key[:, None]) & (ids[None, :] < ids[:, None])
+        )
+        rank = tl.sum((beats & valid[None, :]).to(tl.int32), axis=1)
+        sel = valid & (rank < KSEL)
+    else:
+        # long rows: bisect the k-th largest key (32 steps), then take ties by lower id
+        tau = tl.zeros([], tl.uint32)
+        for bit in tl.static_range(31, -1, -1):
+            cand = tau | (one << bit)
+            count = tl.sum(((key >= cand) & valid).to(tl.int32), axis=0)
+            tau = tl.where(count >= KSEL, cand, tau)
+        above = valid & (key > tau)
+        tied = valid & (key == tau)
+        need = KSEL - tl.sum(above.to(tl.int32), axis=0)
+        sel = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= need))
+    sel_i = sel.to(tl.int32)
+    slot = tl.cumsum(sel_i, axis=0) - 1
+    tl.store(IDS + row * ids_stride_r + slot, b, mask=sel)
+    n_sel = tl.sum(sel_i, axis=0)
+    j = tl.arange(0, KSELP)
+    tl.store(
+        IDS + row * ids_stride_r + j, tl.full([KSELP], -1, tl.int32), mask=(j >= n_sel) & (j < KSEL)
+    )
+    words = tl.reshape(sel_i.to(tl.uint32), (NW, 32)) << tl.arange(0, 32)[None, :].to(tl.uint32)
+    packed = tl.sum(words, axis=1).to(tl.int32, bitcast=True)
+    tl.store(BITS + row * bits_stride_r + tl.arange(0, NW), packed)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The indexer's decision for every query row of a call, per KV group."""
+
+    ids: Tensor  # (N, Hkv, KSEL) int32, ascending, -1 padded
+    bits: Tensor  # (N, Hkv, NW) int32 bitmap over blocks
+    scores: Tensor | None = None  # not kept: recomputed where a loss needs them
+
+
+def select_blocks(
+    qi: Tensor,
+    block_keys: Tensor,
+    tiles: QueryTiles,
+    bk_table: PagedKV,
+    *,
+    topk_blocks: int,
+    block: int,
+    rank_max: int = 128,
+) -> Selection:
+    """Top-`topk_blocks` complete past blocks per (query row, group).
+
+    qi (N, Hkv, IDX) fp32 index queries; block_keys (R_bk, IDX) fp32 pool addressed by
+    `bk_table` (row offset of each logical page's first block; page_size = blocks per page).
+    """
+    check_device(qi, block_keys)
+    n, hkv, idx = qi.shape
+    dev = qi.device
+    max_pos = int(tiles.q_pos.max()) if n else 0
+    nbp = next_pow2(max_pos // block, at_least=32)
+    nw = nbp // 32
+    ksel_p = next_pow2(topk_blocks)
+    ids = torch.empty(n, hkv, topk_blocks, dtype=torch.int32, device=dev)
+    bits = torch.empty(n, hkv, nw, dtype=torch.int32, device=dev)
+    if n == 0:
+        return Selection(ids, bits)
+    rows_per_chunk = max(1, SCORE_CHUNK_BYTES // (hkv * nbp * 4))
+    tile_row_cpu = tiles.row.cpu()
+    for r0, r1, t0, t1 in _row_chunks(
+        tile_row_cpu, tiles.hi.cpu() - tiles.lo.cpu(), rows_per_chunk
+    ):
+        scores = torch.empty((r1 - r0) * hkv, nbp, dtype=torch.float32, device=dev)
+        sub = _tile_slice(tiles, t0, t1)
+        n_bt = triton.cdiv(max(max_pos // block, 1), NBT)
+        _index_scores[(t1 - t0, n_bt)](
+            qi, block_keys, scores,
+            qi.stride(0), qi.stride(1), block_keys.stride(0), scores.stride(0),
+            sub.seq, sub.slot0, sub.lo, sub.hi, sub.row,
+            bk_table.block_table, bk_table.block_table.stride(0),
+            r0,
+            HKV=hkv, T=tiles.T, IDX=idx, IDXP=next_pow2(idx), NBT=NBT,
+            BPP=bk_table.page_size, BLK=block, UPCAST=interpreting(), PRECISION="ieee",
+        )  # fmt: skip
+        _topk_select[((r1 - r0) * hkv,)](
+            scores, ids, bits, tiles.q_pos,
+            scores.stride(0), ids.stride(1), bits.stride(1),
+            r0,
+            HKV=hkv, KSEL=topk_blocks, KSELP=ksel_p, NBP=nbp, NW=nw, BLK=block, RANK_MAX=rank_max,
+            num_warps=max(4, min(16, nbp // 1024)),
+        )  # fmt: skip
+    return Selection(ids, bits)
+
+
+def _row_chunks(
+    tile_row: Tensor, tile_rows: Tensor, rows_per_chunk: int
+) -> list[tuple[int, int, int, int]]:
+    """Split the tiles into runs whose query rows [r0, r1) fit one score buffer."""
+    chunks, t0 = [], 0
+    n_tiles = tile_row.shape[0]
+    ends = (tile_row + tile_rows).tolist()
+    starts = tile_row.tolist()
+    while t0 < n_tiles:
+        t1 = t0 + 1
+        while t1 < n_tiles and ends[t1] - starts[t0] <= rows_per_chunk:
+            t1 += 1
+        chunks.append((starts[t0], ends[t1 - 1], t0, t1))
+        t0 = t1
+    return chunks
+
+
+def _tile_slice(tiles: QueryTiles, t0: int, t1: int) -> QueryTiles:
+    return QueryTiles(
+        tiles.T,
+        tiles.seq[t0:t1],
+        tiles.slot0[t0:t1],
+        tiles.lo[t0:t1],
+        tiles.hi[t0:t1],
+        tiles.row[t0:t1],
+        tiles.q_seq,
+        tiles.q_pos,
+    )
+
+
+def union_steps(
+    sel: Selection, tiles: QueryTiles, *, block: int, step: int
+) -> tuple[Tensor, Tensor]:
+    """CSR (offsets (n_tiles * Hkv + 1,), step ids) of the aligned key steps each
+    (tile, group) visits: steps holding a block selected by, or the current block of, any
+    present row, ascending."""
+    n, hkv, ksel = sel.ids.shape
+    dev = sel.ids.device
+    big = torch.iinfo(torch.int32).max
+    per_row = torch.cat(
+        [
+            torch.where(sel.ids >= 0, sel.ids * block // step, big),
+            (tiles.q_pos.long() // step).to(torch.int32)[:, None, None].expand(n, hkv, 1),
+        ],
+        dim=-1,
+    )  # (N, Hkv, KSEL + 1)
+    slots = tiles.T
+    rows = tiles.row.long()[:, None] + torch.arange(slots, device=dev)[None, :]
+    pos = tiles.slot0.long()[:, None] + torch.arange(slots, device=dev)[None, :]
+    present = (pos >= tiles.lo.long()[:, None]) & (pos < tiles.hi.long()[:, None])
+    rows = torch.where(present, rows - (tiles.lo.long() - tiles.slot0.long())[:, None], 0)
+    gathered = per_row[rows]  # (n_tiles, T, Hkv, KSEL + 1)
+    gathered = torch.where(present[:, :, None, None], gathered, big)
+    flat = gathered.permute(0, 2, 1, 3).reshape(tiles.n_tiles * hkv, -1)
+    srt = flat.sort(dim=-1).values
+    first = torch.ones_like(srt, dtype=torch.bool)
+    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    first &= srt != big
+    counts = first.sum(-1)
+    offsets = torch.zeros(tiles.n_tiles * hkv + 1, dtype=torch.int64, device=dev)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return offsets.to(torch.int32), srt[first].to(torch.int32)

@@ -1,0 +1,139 @@
+"""The model's attention on the Triton path (CUDA; the CPU under the interpreter in tests).
+
+Imported only when a forward takes the Triton path, so the CPU reference path never
+imports triton. Both attention kinds read keys through the forward's `TritonKV`
+(`rlsys.model.kv_layout`): the trainer's packed K/V, or the engine's page pool, which the
+new tokens' K/V (and index keys) are written into in place first. Both run the same
+kernels with the same geometry, so a token's output is the same in a decode step, a
+chunked prefill and the trainer's packed forward.
+Tensor legend: N rows, H heads, Hkv KV groups, D head dim, IDX index dim, NB blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from rlsys import kernels
+from rlsys.config.model import ModelConfig
+from rlsys.kernels.triton_ops.attention import (
+    AttentionShape,
+    packed_attention,
+    paged_attention,
+    selected_block_mass,
+)
+from rlsys.kernels.triton_ops.indexer import Selection, select_blocks, union_steps
+from rlsys.model.kv_layout import PackedLayout, TritonKV
+
+KL_ROWS = 512  # query rows per checkpointed chunk of the indexer KL
+
+
+# ---- the two attention kinds ----------------------------------------------------------------
+
+
+def swa_attention(
+    cfg: ModelConfig, layer: int, scale: float, q: Tensor, k: Tensor, v: Tensor, kv: TritonKV
+) -> Tensor:
+    """Gated SWA's attention (before the output gate): (N, H, D)."""
+    shape = AttentionShape(scale, kv.geo.swa_step, window=cfg.swa_window)
+    if kv.packed is not None:
+        return packed_attention(q, k, v, kv.tiles, kv.packed.kv, kv.packed.seq_lens, shape)[0]
+    paged = kv.paged
+    assert paged is not None
+    k_pool, v_pool = paged.pool.swa_k[layer], paged.pool.swa_v[layer]
+    k_pool.index_copy_(0, paged.swa_rows, k)
+    v_pool.index_copy_(0, paged.swa_rows, v)
+    return paged_attention(q, k_pool, v_pool, kv.tiles, paged.swa_kv, shape)
+
+
+def sparse_attention(
+    cfg: ModelConfig,
+    layer: int,
+    scale: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qi: Tensor,
+    ki: Tensor,
+    kv: TritonKV,
+    want_kl: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Sparse GQA's attention (N, H, D), and the indexer KL when `want_kl` (training)."""
+    b, ksel = cfg.sparse_block, cfg.sparse_selected_blocks
+    if kv.packed is not None:
+        bk = _packed_block_keys(ki, kv.packed, b)
+        k_pool, v_pool, bk_pool = k, v, bk
+        table, bk_table = kv.packed.kv, kv.packed.bk
+    else:
+        paged = kv.paged
+        assert paged is not None
+        pool = paged.pool
+        k_pool, v_pool = pool.sparse_k[layer], pool.sparse_v[layer]
+        k_pool.index_copy_(0, paged.sparse_rows, k)
+        v_pool.index_copy_(0, paged.sparse_rows, v)
+        pool.index_keys[layer].index_copy_(0, paged.sparse_rows, ki)
+        bk_pool = pool.block_keys[layer]
+        if paged.block_rows.numel():
+            tok = pool.index_keys[layer][paged.block_token_rows]  # (n_done, B, IDX)
+            bk_pool.index_copy_(0, paged.block_rows, kernels.sequential_sum(tok, dim=1) / b)
+        table, bk_table = paged.sparse_kv, paged.bk
+    sel = select_blocks(
+        qi.detach(), bk_pool.detach(), kv.tiles, bk_table, topk_blocks=ksel, block=b
+    )
+    step_off, step_ids = union_steps(sel, kv.tiles, block=b, step=kv.geo.sparse_step)
+    shape = AttentionShape(
+        scale, kv.geo.sparse_step, sparse=(step_off, step_ids, sel.bits), block=b
+    )
+    if kv.packed is None:
+        return paged_attention(q, k_pool, v_pool, kv.tiles, table, shape), None
+    out, lse = packed_attention(q, k, v, kv.tiles, table, kv.packed.seq_lens, shape)
+    if not want_kl:
+        return out, None
+    mass = selected_block_mass(q.detach(), k.detach(), lse, kv.tiles, table, shape, ksel)
+    return out, indexer_kl(qi, bk_pool, sel, mass, kv.packed)
+
+
+def _packed_block_keys(ki: Tensor, layout: PackedLayout, b: int) -> Tensor:
+    """Merged index keys of every complete block, sequence after sequence (with autograd)."""
+    parts = []
+    for (row, _), count in zip(layout.rows, layout.block_counts, strict=True):
+        full = ki[row : row + count * b].view(count, b, -1)
+        parts.append(
+            kernels.sequential_sum(full, dim=1) / b if count else ki.new_zeros(1, ki.shape[-1])
+        )
+    return torch.cat(parts)
+
+
+def indexer_kl(
+    qi: Tensor, bk: Tensor, sel: Selection, mass: Tensor, layout: PackedLayout
+) -> Tensor:
+    """Sum over sequences of the mean KL(main mass on selected blocks || index softmax over
+    them), as the reference (`SparseGQA._indexer_loss`) computes it per sequence."""
+    starts = torch.tensor([0, *[max(c, 1) for c in layout.block_counts[:-1]]]).cumsum(0)
+    total = qi.new_zeros(())
+    for (row, n), start in zip(layout.rows, starts.tolist(), strict=True):
+        kl_sum, count = qi.new_zeros(()), qi.new_zeros(())
+        for r0 in range(row, row + n, KL_ROWS):
+            r1 = min(r0 + KL_ROWS, row + n)
+            s, c = checkpoint(
+                _kl_chunk, qi[r0:r1], bk, sel.ids[r0:r1], mass[r0:r1], start, use_reentrant=False
+            )
+            kl_sum, count = kl_sum + s, count + c
+        total = total + torch.where(count > 0, kl_sum / count.clamp_min(1), 0.0)
+    return total
+
+
+def _kl_chunk(
+    qi: Tensor, bk: Tensor, ids: Tensor, mass: Tensor, start: int
+) -> tuple[Tensor, Tensor]:
+    keep = ids >= 0
+    keys = bk[start + ids.long().clamp_min(0)]  # (r, Hkv, KSEL, IDX)
+    logits = torch.einsum("rgd,rgkd->rgk", qi, keys).masked_fill(~keep, float("-inf"))
+    target = mass.masked_fill(~keep, 0.0)
+    total = target.sum(-1, keepdim=True)
+    usable = (keep.sum(-1) > 1) & (total.squeeze(-1) > 0)
+    target = target / total.clamp_min(1e-30)
+    log_pred = torch.log_softmax(logits, dim=-1).masked_fill(~keep, 0.0)
+    kl = (target * (torch.log(target.clamp_min(1e-30)) - log_pred)).sum(-1)
+    return kl[usable].sum(), usable.sum().to(kl.dtype)
