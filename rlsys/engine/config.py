@@ -43,6 +43,22 @@ class EngineConfig(BaseModel):
         "padded larger). None: the whole model vocabulary. The trainer's `valid_vocab` must match.",
     )
     device: str = Field("cpu", description="Torch device of the model (TP runs on CPU).")
+    kv_page_tokens: int = Field(
+        64, ge=16, description="Tokens per KV page (the Triton path's paged cache)."
+    )
+    kv_cache_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Paged KV capacity in tokens (Triton path). None: max_running x "
+        "max_context_tokens + prefix_cache_tokens.",
+    )
+
+    def kv_pages(self) -> int:
+        """Pages of the paged KV cache (per attention kind)."""
+        tokens = self.kv_cache_tokens or (
+            self.max_running * self.max_context_tokens + self.prefix_cache_tokens
+        )
+        return -(-tokens // self.kv_page_tokens) + self.max_running + 1
 
     @classmethod
     def from_job(cls, engine_section: Any, seed: int, **overrides: Any) -> EngineConfig:

@@ -7,9 +7,10 @@ the scheduler never touches tensors of the model: the same scheduler drives one 
 Invariants:
 - `step` feeds chunk i to cache keys[i] in ONE `forward_step` (prefill and decode rows
   packed together) and returns, per chunk, the fp32 logits of its last row, on the CPU.
-- `fork_cache` is a snapshot: the model's caches never write a tensor in place (appends
-  build new tensors, trims take views), so a shallow copy shares storage safely and the
-  snapshot keeps its length while the original grows.
+- `fork_cache` is a snapshot that keeps its length while the original grows. Reference
+  caches are never written in place (appends build new tensors, trims take views), so a
+  shallow copy shares storage safely; paged caches (the Triton path, on CUDA) share full
+  pages by reference count and copy only the partial last page (`PagePool.fork`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import torch
 from torch import Tensor
 
 from rlsys.config.model import ModelConfig
+from rlsys.kernels.dispatch import use_triton
 from rlsys.model import ModelCache, RoutedExperts, RoutingRecorder, Transformer
+from rlsys.model.paged_cache import PagedSeqCache, PagePool
 
 
 @dataclass
@@ -48,11 +51,11 @@ def snapshot(cache: ModelCache) -> ModelCache:
 
 
 class CacheTable:
-    """Key -> ModelCache, shared by the in-process runners."""
+    """Key -> sequence cache (per-layer `ModelCache`, or pages of the model's `PagePool`)."""
 
     def __init__(self, model: Transformer, device: torch.device) -> None:
         self.model, self.device = model, device
-        self.caches: dict[int, ModelCache] = {}
+        self.caches: dict[int, ModelCache | PagedSeqCache] = {}
         self._keys = itertools.count()
 
     def new(self) -> int:
@@ -62,11 +65,17 @@ class CacheTable:
 
     def fork(self, key: int) -> int:
         new = next(self._keys)
-        self.caches[new] = snapshot(self.caches[key])
+        cache = self.caches[key]
+        pool = self.model.page_pool
+        self.caches[new] = (
+            pool.fork(cache) if isinstance(cache, PagedSeqCache) and pool else snapshot(cache)
+        )  # type: ignore[arg-type]
         return new
 
     def free(self, key: int) -> None:
-        self.caches.pop(key, None)
+        cache = self.caches.pop(key, None)
+        if isinstance(cache, PagedSeqCache) and self.model.page_pool is not None:
+            self.model.page_pool.free(cache)
 
     def forward(
         self, keys: list[int], chunks: list[list[int]], record: bool
@@ -84,13 +93,29 @@ class LocalRunner:
     """TP=1: the whole model in this process (CPU or one GPU)."""
 
     def __init__(
-        self, cfg: ModelConfig, state: Mapping[str, Tensor] | None, device: str = "cpu"
+        self,
+        cfg: ModelConfig,
+        state: Mapping[str, Tensor] | None,
+        device: str = "cpu",
+        kv_pages: int = 0,
+        page_tokens: int = 64,
     ) -> None:
         self.device = torch.device(device)
         model = Transformer(cfg).eval()
         if state is not None:
             model.load_state_dict(state)
         self.model = model.to(self.device)
+        if use_triton(torch.empty(0, device=self.device)) and kv_pages:
+            self.model.attach_page_pool(
+                PagePool(
+                    cfg,
+                    page_size=page_tokens,
+                    sparse_pages=kv_pages,
+                    swa_pages=kv_pages,
+                    dtype=self.model.dtype,
+                    device=self.device,
+                )
+            )
         self.table = CacheTable(self.model, self.device)
 
     def new_cache(self) -> int:
@@ -113,7 +138,8 @@ class LocalRunner:
         self.model.load_state_dict(state)
 
     def close(self) -> None:
-        self.table.caches.clear()
+        for key in list(self.table.caches):
+            self.table.free(key)
 
 
 def routes_to_cpu(routes: RoutedExperts | None) -> RoutedExperts | None:

@@ -21,8 +21,10 @@ TIMEOUT_S = 30.0
 
 
 def _state(version: int, device: str) -> dict[str, torch.Tensor]:
-    torch.manual_seed(version)
-    return {"a": torch.randn(7, 5, device=device), "b": torch.randn(3, device=device)}
+    # Drawn on the CPU, then moved: a CUDA generator gives other numbers for the same seed,
+    # which is what made the NCCL variant compare the received weights with other values.
+    g = torch.Generator().manual_seed(version)
+    return {"a": torch.randn(7, 5, generator=g).to(device), "b": torch.randn(3, generator=g).to(device)}
 
 
 def _device(backend: str, rank: int) -> str:

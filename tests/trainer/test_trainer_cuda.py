@@ -88,7 +88,8 @@ def test_warm_start_on_cuda_lowers_the_nll() -> None:
     from rlsys.sandboxes.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
     from rlsys.trainer import supervised_warm_start
 
-    model = tiny_model().cuda()
+    # the task's byte-level tokens need the byte vocabulary (the tiny preset has 64 ids)
+    model = tiny_model(vocab_size=320).cuda()
     task = ArithmeticTask(ArithmeticTaskConfig(max_factor=9, max_addend=9, instructions=False))
     demos = make_demonstrations(task, 0, 32, lambda: None, slip_rate=0.25)
     nll = supervised_warm_start(

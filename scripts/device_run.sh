@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU-machine runs (the device tool): install the carried wheels, then run the named steps.
+# Usage: bash scripts/device_run.sh STEP... ; logs go to $OUT (or ./device-out).
+#   tests     the GPU tests (kernels, model Triton path, trainer/engine on CUDA, NCCL group)
+#   attn      benchmarks/bench_attention.py at the deep-92 shape
+#   engine    benchmarks/bench_engine_gpu.py (decode throughput, invariance tax)
+set -u
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-./device-out}; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+if [ -f .whl/ray.tar.xz ] && [ ! -d /tmp/site/ray ]; then tar -xJf .whl/ray.tar.xz -C /tmp/site; fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case "$step" in
+    tests)
+      timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_triton_dense.py tests/kernels/test_triton_attention.py \
+        tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
+        tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
+        tests/kernels/test_reference_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    attn)
+      timeout "${ATTN_TIMEOUT:-300}" python3 benchmarks/bench_attention.py ${ATTN_ARGS:-} 2>&1 \
+        | tee "$OUT/attn.log" | grep -v Warning ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "=== done ($(date +%T))"
