@@ -65,7 +65,9 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def index_inputs(length: int, dev: str, random_sel: bool, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def index_inputs(
+    length: int, dev: str, random_sel: bool, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator(device="cpu").manual_seed(seed)
     noise = torch.randn(length, HKV, IDX, generator=g)
     if random_sel:
@@ -119,7 +121,9 @@ def sparse_prefill(length: int, args: argparse.Namespace, dev: str) -> dict[str,
 
     def layer() -> object:
         s, (o, i) = indexer()
-        return attention_forward(q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(o, i, s.bits), block=B)
+        return attention_forward(
+            q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(o, i, s.bits), block=B
+        )
 
     base = torch.cuda.memory_allocated() if dev == "cuda" else 0
     if dev == "cuda":
@@ -161,7 +165,9 @@ def sdpa_anchor(length: int, reps: int, dev: str) -> float:
     q = torch.randn(1, H, length, D, device=dev, dtype=torch.bfloat16)
     k = torch.randn(1, HKV, length, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    return timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), reps)
+    return timed(
+        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), reps
+    )
 
 
 def flex_anchor(length: int, reps: int, dev: str, kind: str) -> float:
@@ -175,14 +181,18 @@ def flex_anchor(length: int, reps: int, dev: str, kind: str) -> float:
         def window(b, h, qi, ki):  # noqa: ANN001, ANN202
             return (ki <= qi) & (qi - ki < W)
 
-        mask = create_block_mask(window, 1, 1, length, length, device=dev)
+        mask = create_block_mask(window, 1, 1, length, length, device=dev, _compile=dev == "cuda")
     else:
         nb, per = length // 128, 4096 // 128
         g = torch.Generator().manual_seed(0)
         idx = torch.zeros(nb, nb, dtype=torch.int32)
         num = torch.zeros(nb, dtype=torch.int32)
         for i in range(nb):
-            chosen = torch.randperm(i, generator=g)[: per - 1].sort().values if i else torch.zeros(0, dtype=torch.int64)
+            chosen = (
+                torch.randperm(i, generator=g)[: per - 1].sort().values
+                if i
+                else torch.zeros(0, dtype=torch.int64)
+            )
             row = torch.cat([chosen, torch.tensor([i])])
             idx[i, : row.numel()] = row.to(torch.int32)
             num[i] = row.numel()
@@ -190,7 +200,9 @@ def flex_anchor(length: int, reps: int, dev: str, kind: str) -> float:
         def causal(b, h, qi, ki):  # noqa: ANN001, ANN202
             return ki <= qi
 
-        mask = BlockMask.from_kv_blocks(num[None, None].to(dev), idx[None, None].to(dev), BLOCK_SIZE=128, mask_mod=causal)
+        mask = BlockMask.from_kv_blocks(
+            num[None, None].to(dev), idx[None, None].to(dev), BLOCK_SIZE=128, mask_mod=causal
+        )
     fn = torch.compile(flex_attention) if dev == "cuda" else flex_attention
     return timed(lambda: fn(q, k, v, block_mask=mask, enable_gqa=True), reps)
 
@@ -215,13 +227,16 @@ def decode(args: argparse.Namespace, dev: str) -> dict[str, float]:
     def step() -> object:
         sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B)
         off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
-        return attention_forward(q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(off, ids, sel.bits), block=B)
+        return attention_forward(
+            q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(off, ids, sel.bits), block=B
+        )
 
     ms = timed(step, args.reps)
     must_read = batch * ((ctx // B) * IDX * 4 + HKV * (args.topk + B) * D * 2 * 2)
     swa_tiles = tiles
     swa_ms = timed(
-        lambda: attention_forward(q, k, v, swa_tiles, kv, scale=scale, step=SWA_STEP, window=W), args.reps
+        lambda: attention_forward(q, k, v, swa_tiles, kv, scale=scale, step=SWA_STEP, window=W),
+        args.reps,
     )
     swa_read = batch * HKV * W * D * 2 * 2
     return {
@@ -239,7 +254,12 @@ def swa_prefill(length: int, reps: int, dev: str) -> float:
     v = torch.randn_like(k)
     kv = contiguous_table([length], PAGE, dev)
     tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
-    return timed(lambda: attention_forward(q, k, v, tiles, kv, scale=1 / math.sqrt(D), step=SWA_STEP, window=W), reps)
+    return timed(
+        lambda: attention_forward(
+            q, k, v, tiles, kv, scale=1 / math.sqrt(D), step=SWA_STEP, window=W
+        ),
+        reps,
+    )
 
 
 def linear_tax(reps: int, dev: str) -> list[tuple[int, float, float]]:
@@ -278,15 +298,25 @@ def main() -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        args.lengths, args.topk, args.decode_batch, args.decode_context, args.reps = "256", 64, 2, 256, 1
+        args.lengths, args.topk, args.decode_batch, args.decode_context, args.reps = (
+            "256",
+            64,
+            2,
+            256,
+            1,
+        )
         args.bwd_max = 256
     skip = set(args.skip.split(","))
     lengths = [int(x) for x in args.lengths.split(",")]
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}")
+    print(
+        f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}"
+    )
 
     def prefill() -> None:
-        print("\n| tokens | layer ms | indexer ms | attention ms | peak GiB | TFLOP/s computed | TFLOP/s needed | adjacent overlap | union / k | bwd / fwd |")
+        print(
+            "\n| tokens | layer ms | indexer ms | attention ms | peak GiB | TFLOP/s computed | TFLOP/s needed | adjacent overlap | union / k | bwd / fwd |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for length in lengths:
             r = sparse_prefill(length, args, dev)
@@ -298,7 +328,9 @@ def main() -> None:
             )
 
     def anchors() -> None:
-        print("\n| tokens | SDPA dense causal ms | Flex block-sparse ms | Flex SWA ms | our SWA prefill ms |")
+        print(
+            "\n| tokens | SDPA dense causal ms | Flex block-sparse ms | Flex SWA ms | our SWA prefill ms |"
+        )
         print("|---:|---:|---:|---:|---:|")
         for length in lengths:
             cells = []
@@ -316,7 +348,9 @@ def main() -> None:
 
     def decoding() -> None:
         r = decode(args, dev)
-        print(f"\n| decode batch | context | Sparse GQA ms | GB/s | HBM util | SWA ms | SWA HBM util |")
+        print(
+            "\n| decode batch | context | Sparse GQA ms | GB/s | HBM util | SWA ms | SWA HBM util |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|")
         print(
             f"| {args.decode_batch} | {args.decode_context} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['hbm_util']:.0%} "
@@ -330,7 +364,12 @@ def main() -> None:
         for m, ours, blas in linear_tax(args.reps, dev):
             print(f"| {m} | {ours:.3f} | {blas:.3f} | {ours / blas - 1:+.0%} |", flush=True)
 
-    for key, fn in (("prefill", prefill), ("anchors", anchors), ("decode", decoding), ("linear", linear)):
+    for key, fn in (
+        ("prefill", prefill),
+        ("anchors", anchors),
+        ("decode", decoding),
+        ("linear", linear),
+    ):
         if key not in skip:
             section(key, fn)
 

@@ -3,7 +3,7 @@
 # Usage: bash scripts/device_run.sh STEP... ; logs go to $OUT (or ./device-out).
 #   tests     the GPU tests (kernels, model Triton path, trainer/engine on CUDA, NCCL group)
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
-#   engine    benchmarks/bench_engine_gpu.py (decode throughput, invariance tax)
+#   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-./device-out}; mkdir -p "$OUT"
@@ -29,6 +29,9 @@ for step in "$@"; do
     attn)
       timeout "${ATTN_TIMEOUT:-300}" python3 benchmarks/bench_attention.py ${ATTN_ARGS:-} 2>&1 \
         | tee "$OUT/attn.log" | grep -v Warning ;;
+    lin)
+      timeout "${LIN_TIMEOUT:-150}" python3 benchmarks/bench_linear_tiles.py ${LIN_ARGS:-} 2>&1 \
+        | tee "$OUT/lin.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

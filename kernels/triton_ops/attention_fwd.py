@@ -39,7 +39,7 @@ from rlsys.kernels.triton_ops.common import (
 )
 
 LOG2E = 1.4426950408889634
-NEG_INIT = -1.0e30
+NEG_INIT = tl.constexpr(-1.0e30)
 
 
 @triton.jit

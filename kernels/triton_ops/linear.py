@@ -17,6 +17,8 @@ Backward passes (training) use plain torch matmuls: training needs no batch inva
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -24,7 +26,26 @@ from torch import Tensor
 
 from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting, mma
 
-BM, BN, BK = 64, 64, 32
+BM = 64  # rows per tile: fixed for every M (the grouped tile table uses it too)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration. Chosen from the weight's shape only, never from M: a
+    row's reduction (BK steps in order, one MMA shape) must not change with the batch."""
+
+    bn: int = 64
+    bk: int = 64
+    warps: int = 4
+    stages: int = 3
+
+
+DEFAULT_TILE = TileConfig()
+TILES: dict[tuple[int, int], TileConfig] = {}  # (N, K) -> measured best (benchmarks/)
+
+
+def tile_for(n: int, k: int) -> TileConfig:
+    return TILES.get((n, k), DEFAULT_TILE)
 
 
 @triton.jit
@@ -333,8 +354,11 @@ def _launch(
     nch: int,
     tiles: tuple[Tensor, Tensor, Tensor] | None,
     swiglu: bool,
+    cfg: TileConfig | None = None,
 ) -> Tensor:
     check_device(x, w)
+    k_dim = x.shape[1]
+    cfg = cfg or tile_for(n, k_dim)
     m, k = x.shape
     assert k % nch == 0
     if m == 0:
@@ -349,20 +373,23 @@ def _launch(
         te = tr = tn = x  # unused
         grid_m = triton.cdiv(m, BM)
         sw_e, (sw_n, sw_k) = 0, w.stride()
-    _matmul[(grid_m, triton.cdiv(n, BN))](
+    _matmul[(grid_m, triton.cdiv(n, cfg.bn))](
         x, w, w3 if w3 is not None else w, out, m, n, k,
         x.stride(0), x.stride(1), sw_e, sw_n, sw_k, out.stride(0), out.stride(1),
         te, tr, tn,
-        NCH=nch, GROUPED=grouped, SWIGLU=swiglu, BM=BM, BN=BN, BK=BK,
+        NCH=nch, GROUPED=grouped, SWIGLU=swiglu, BM=BM, BN=cfg.bn, BK=cfg.bk,
         UPCAST=interpreting(), PRECISION=dot_precision(w.dtype),
+        num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     return out
 
 
-def linear_fwd(x: Tensor, w: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+def linear_fwd(
+    x: Tensor, w: Tensor, out_dtype: torch.dtype | None = None, cfg: TileConfig | None = None
+) -> Tensor:
     """x (M, K) @ w (N, K).T -> (M, N) in `out_dtype` (default w's)."""
     out = torch.empty(x.shape[0], w.shape[0], dtype=out_dtype or w.dtype, device=x.device)
-    return _launch(x, w, None, out, w.shape[0], 1, None, False)
+    return _launch(x, w, None, out, w.shape[0], 1, None, False, cfg)
 
 
 def linear_tree_fwd(x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
