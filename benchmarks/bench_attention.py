@@ -110,7 +110,7 @@ def sparse_prefill(length: int, args: argparse.Namespace, dev: str) -> dict[str,
     scale = 1 / math.sqrt(D)
 
     def indexer() -> tuple:
-        sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B)
+        sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B, precision="tf32")
         return sel, union_steps(sel, tiles, block=B, step=SPARSE_STEP)
 
     sel, (off, step_ids) = indexer()
@@ -225,7 +225,7 @@ def decode(args: argparse.Namespace, dev: str) -> dict[str, float]:
     scale = 1 / math.sqrt(D)
 
     def step() -> object:
-        sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B)
+        sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B, precision="tf32")
         off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
         return attention_forward(
             q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(off, ids, sel.bits), block=B

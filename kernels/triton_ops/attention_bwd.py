@@ -166,7 +166,7 @@ def _attn_bwd_dkv(
         ds = p * (dp - delta[:, None])
         dk += mma(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
     page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kvalid, other=0)
-    krow = page_row + kpos % PAGE
+    krow = (page_row + kpos % PAGE).to(tl.int64)
     offs = krow[:, None] * k_stride_r + g * k_stride_g + d[None, :]
     out_mask = kvalid[:, None] & (d < D)[None, :]
     tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
@@ -201,7 +201,7 @@ def _block_mass(
     slot = tl.arange(0, T)
     spos = tl.load(tile_slot0 + tile) + slot
     spresent = (spos >= lo) & (spos < hi)
-    srow = tl.where(spresent, tl.load(tile_row + tile) + spos - lo, 0)
+    srow = tl.where(spresent, tl.load(tile_row + tile) + spos - lo, 0).to(tl.int64)
     cursor = tl.zeros([T], tl.int32)
     NB: tl.constexpr = STEP // BLK
     k_base = K + g * k_stride_g

@@ -86,7 +86,7 @@ def tile_rows(
     r = tl.arange(0, T * G)
     qpos = slot0 + r // G
     present = (qpos >= lo) & (qpos < hi)
-    qrow = tl.where(present, row0 + qpos - lo, 0)
+    qrow = tl.where(present, row0 + qpos - lo, 0).to(tl.int64)
     return seq, lo, hi, r, qpos, present, qrow
 
 
@@ -108,7 +108,7 @@ def load_keys(
 ):
     """(STEP, DP) rows of a pool at absolute positions kpos (zeros where not needed)."""
     page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kneed, other=0)
-    krow = page_row + kpos % PAGE
+    krow = (page_row + kpos % PAGE).to(tl.int64)  # pools pass 2^31 elements at long context
     return tl.load(
         base + krow[:, None] * stride_r + d[None, :],
         mask=kneed[:, None] & (d < D)[None, :],

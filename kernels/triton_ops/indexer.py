@@ -56,7 +56,7 @@ def _index_scores(
     qpos = slot0 + r // HKV
     g = r % HKV
     present = (qpos >= lo) & (qpos < hi)
-    qrow = tl.where(present, row0 + qpos - lo, 0)
+    qrow = tl.where(present, row0 + qpos - lo, 0).to(tl.int64)
     d = tl.arange(0, IDXP)
     qi = tl.load(
         QI + qrow[:, None] * qi_stride_n + g[:, None] * qi_stride_g + d[None, :],
@@ -67,7 +67,7 @@ def _index_scores(
     bneed = b < (hi - 1) // BLK
     page_row = tl.load(bk_table + seq * bkt_stride + b // BPP, mask=bneed, other=0)
     bk = tl.load(
-        BK + (page_row + b % BPP)[:, None] * bk_stride_r + d[None, :],
+        BK + (page_row + b % BPP).to(tl.int64)[:, None] * bk_stride_r + d[None, :],
         mask=bneed[:, None] & (d < IDX)[None, :],
         other=0.0,
     )
@@ -91,7 +91,7 @@ def _topk_select(
     HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
     NBP: tl.constexpr, NW: tl.constexpr, BLK: tl.constexpr, RANK_MAX: tl.constexpr,
 ):  # fmt: skip
-    local = tl.program_id(0)
+    local = tl.program_id(0).to(tl.int64)
     row = row_base * HKV + local
     npast = tl.load(QPOS + row // HKV) // BLK
     b = tl.arange(0, NBP)
@@ -156,11 +156,14 @@ def select_blocks(
     topk_blocks: int,
     block: int,
     rank_max: int = 128,
+    precision: str = "ieee",
 ) -> Selection:
     """Top-`topk_blocks` complete past blocks per (query row, group).
 
     qi (N, Hkv, IDX) fp32 index queries; block_keys (R_bk, IDX) fp32 pool addressed by
     `bk_table` (row offset of each logical page's first block; page_size = blocks per page).
+    `precision`: "ieee" (exact fp32 products) or "tf32" (tensor cores; what bf16 models use
+    on the GPU: both engine and trainer, so the selection is still one function).
     """
     check_device(qi, block_keys)
     n, hkv, idx = qi.shape
@@ -188,7 +191,7 @@ def select_blocks(
             bk_table.block_table, bk_table.block_table.stride(0),
             r0,
             HKV=hkv, T=tiles.T, IDX=idx, IDXP=next_pow2(idx), NBT=NBT,
-            BPP=bk_table.page_size, BLK=block, UPCAST=interpreting(), PRECISION="ieee",
+            BPP=bk_table.page_size, BLK=block, UPCAST=interpreting(), PRECISION=precision,
         )  # fmt: skip
         _topk_select[((r1 - r0) * hkv,)](
             scores, ids, bits, tiles.q_pos,
@@ -230,35 +233,86 @@ def _tile_slice(tiles: QueryTiles, t0: int, t1: int) -> QueryTiles:
     )
 
 
+@triton.jit
+def _union_steps(
+    BITS, OFF, IDS,
+    tile_slot0, tile_lo, tile_hi, tile_row,
+    sb_stride_n, sb_stride_g, nw_bits, nw_iter,
+    COUNT_ONLY: tl.constexpr, T: tl.constexpr, WB: tl.constexpr,
+    NBS: tl.constexpr, BLK: tl.constexpr,
+):  # fmt: skip
+    """Per (tile, group): the ascending steps holding a block any present row selected, or a
+    present row's own block. COUNT_ONLY writes the count; otherwise the ids at OFF."""
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    hkv = tl.num_programs(1)
+    slot0 = tl.load(tile_slot0 + tile)
+    lo = tl.load(tile_lo + tile)
+    hi = tl.load(tile_hi + tile)
+    row0 = tl.load(tile_row + tile)
+    own_lo, own_hi = lo // BLK, (hi - 1) // BLK
+    base = tl.load(OFF + tile * hkv + g) if not COUNT_ONLY else 0
+    count = 0
+    w = tl.arange(0, WB)
+    bit = tl.arange(0, 32)
+    spw: tl.constexpr = 32 // NBS  # steps per word
+    for w0 in range(0, nw_iter, WB):
+        words = tl.zeros([WB], tl.int32)
+        for s in range(T):
+            pos = slot0 + s
+            row = (row0 + pos - lo).to(tl.int64)
+            present = (pos >= lo) & (pos < hi)
+            words |= tl.load(
+                BITS + row * sb_stride_n + g * sb_stride_g + w0 + w,
+                mask=present & (w0 + w < nw_bits),
+                other=0,
+            )
+        blocks = (w0 + w)[:, None] * 32 + bit[None, :]
+        on = (((words[:, None] >> bit[None, :]) & 1) == 1) | (
+            (blocks >= own_lo) & (blocks <= own_hi)
+        )
+        steps = tl.max(tl.reshape(on.to(tl.int32), (WB, spw, NBS)), axis=2)
+        flat = tl.reshape(steps, (WB * spw,))
+        if not COUNT_ONLY:
+            slot = base + count + tl.cumsum(flat, axis=0) - 1
+            ids = (w0 * 32) // NBS + tl.arange(0, WB * spw)
+            tl.store(IDS + slot, ids, mask=flat == 1)
+        count += tl.sum(flat, axis=0)
+    if COUNT_ONLY:
+        tl.store(OFF + tile * hkv + g + 1, count)
+
+
 def union_steps(
     sel: Selection, tiles: QueryTiles, *, block: int, step: int
 ) -> tuple[Tensor, Tensor]:
     """CSR (offsets (n_tiles * Hkv + 1,), step ids) of the aligned key steps each
     (tile, group) visits: steps holding a block selected by, or the current block of, any
-    present row, ascending."""
-    n, hkv, ksel = sel.ids.shape
-    dev = sel.ids.device
-    big = torch.iinfo(torch.int32).max
-    per_row = torch.cat(
-        [
-            torch.where(sel.ids >= 0, sel.ids * block // step, big),
-            (tiles.q_pos.long() // step).to(torch.int32)[:, None, None].expand(n, hkv, 1),
-        ],
-        dim=-1,
-    )  # (N, Hkv, KSEL + 1)
-    slots = tiles.T
-    rows = tiles.row.long()[:, None] + torch.arange(slots, device=dev)[None, :]
-    pos = tiles.slot0.long()[:, None] + torch.arange(slots, device=dev)[None, :]
-    present = (pos >= tiles.lo.long()[:, None]) & (pos < tiles.hi.long()[:, None])
-    rows = torch.where(present, rows - (tiles.lo.long() - tiles.slot0.long())[:, None], 0)
-    gathered = per_row[rows]  # (n_tiles, T, Hkv, KSEL + 1)
-    gathered = torch.where(present[:, :, None, None], gathered, big)
-    flat = gathered.permute(0, 2, 1, 3).reshape(tiles.n_tiles * hkv, -1)
-    srt = flat.sort(dim=-1).values
-    first = torch.ones_like(srt, dtype=torch.bool)
-    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
-    first &= srt != big
-    counts = first.sum(-1)
-    offsets = torch.zeros(tiles.n_tiles * hkv + 1, dtype=torch.int64, device=dev)
-    offsets[1:] = torch.cumsum(counts, 0)
-    return offsets.to(torch.int32), srt[first].to(torch.int32)
+    present row, ascending. Built from the selection bitmaps by two launches (count, then
+    write), so no per-row id lists are gathered or sorted."""
+    n, hkv, nw_bits = sel.bits.shape
+    dev = sel.bits.device
+    nbs = max(step // block, 1)
+    assert 32 % nbs == 0
+    max_pos = int(tiles.q_pos.max()) if n else 0
+    nw_iter = max_pos // block // 32 + 1
+    wb = min(64, next_pow2(nw_iter, at_least=1))
+    counts = torch.zeros(tiles.n_tiles * hkv + 1, dtype=torch.int32, device=dev)
+    if tiles.n_tiles == 0:
+        return counts, counts[:0]
+    args = (
+        tiles.slot0,
+        tiles.lo,
+        tiles.hi,
+        tiles.row,
+        sel.bits.stride(0),
+        sel.bits.stride(1),
+        nw_bits,
+        nw_iter,
+    )
+    meta = {"T": tiles.T, "WB": wb, "NBS": nbs, "BLK": block}
+    dummy = counts[:1]
+    _union_steps[(tiles.n_tiles, hkv)](sel.bits, counts, dummy, *args, COUNT_ONLY=True, **meta)
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    ids = torch.empty(int(offsets[-1]), dtype=torch.int32, device=dev)
+    _union_steps[(tiles.n_tiles, hkv)](sel.bits, offsets, ids, *args, COUNT_ONLY=False, **meta)
+    return offsets, ids

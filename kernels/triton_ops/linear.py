@@ -272,7 +272,7 @@ def _matmul(
         rows = M - row0
         w_ptr = W
         w3_ptr = W3
-    rm = row0 + tl.arange(0, BM)
+    rm = (row0 + tl.arange(0, BM)).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
     m_mask = tl.arange(0, BM) < rows
     n_mask = rn < N

@@ -23,6 +23,7 @@ from rlsys.kernels.triton_ops.attention import (
     paged_attention,
     selected_block_mass,
 )
+from rlsys.kernels.triton_ops.common import dot_precision
 from rlsys.kernels.triton_ops.indexer import Selection, select_blocks, union_steps
 from rlsys.model.kv_layout import PackedLayout, TritonKV
 
@@ -79,7 +80,13 @@ def sparse_attention(
             bk_pool.index_copy_(0, paged.block_rows, kernels.sequential_sum(tok, dim=1) / b)
         table, bk_table = paged.sparse_kv, paged.bk
     sel = select_blocks(
-        qi.detach(), bk_pool.detach(), kv.tiles, bk_table, topk_blocks=ksel, block=b
+        qi.detach(),
+        bk_pool.detach(),
+        kv.tiles,
+        bk_table,
+        topk_blocks=ksel,
+        block=b,
+        precision=dot_precision(q.dtype),  # tf32 index scores for bf16 models, both sides
     )
     step_off, step_ids = union_steps(sel, kv.tiles, block=b, step=kv.geo.sparse_step)
     shape = AttentionShape(

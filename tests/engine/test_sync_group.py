@@ -24,7 +24,10 @@ def _state(version: int, device: str) -> dict[str, torch.Tensor]:
     # Drawn on the CPU, then moved: a CUDA generator gives other numbers for the same seed,
     # which is what made the NCCL variant compare the received weights with other values.
     g = torch.Generator().manual_seed(version)
-    return {"a": torch.randn(7, 5, generator=g).to(device), "b": torch.randn(3, generator=g).to(device)}
+    return {
+        "a": torch.randn(7, 5, generator=g).to(device),
+        "b": torch.randn(3, generator=g).to(device),
+    }
 
 
 def _device(backend: str, rank: int) -> str:

@@ -43,10 +43,20 @@ def _swa(case, q, spans, page_size_step=16):  # noqa: ANN001, ANN202
 
 def _sparse(case, q, qi, spans, rank_max=128):  # noqa: ANN001, ANN202
     tiles = plan_tiles(spans, T, DEV)
-    sel = select_blocks(qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max)
+    sel = select_blocks(
+        qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max
+    )
     off, ids = union_steps(sel, tiles, block=BLK, step=16)
     out, lse = attention_forward(
-        q, case.k, case.v, tiles, case.kv, scale=SCALE, step=16, sparse=(off, ids, sel.bits), block=BLK
+        q,
+        case.k,
+        case.v,
+        tiles,
+        case.kv,
+        scale=SCALE,
+        step=16,
+        sparse=(off, ids, sel.bits),
+        block=BLK,
     )
     return out, lse, sel, (off, ids, sel.bits), tiles
 
@@ -97,7 +107,9 @@ def test_indexer_selects_the_top_scoring_past_blocks(rank_max: int) -> None:
     spans = prefill_spans(case.lengths)
     qi = torch.randn(sum(case.lengths), HKV, IDX).to(DEV)
     tiles = plan_tiles(spans, T, DEV)
-    sel = select_blocks(qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max)
+    sel = select_blocks(
+        qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max
+    )
     ids, bits = sel.ids.cpu(), sel.bits.cpu()
     for sp in spans:
         for i in range(sp.n):
@@ -106,7 +118,9 @@ def test_indexer_selects_the_top_scoring_past_blocks(rank_max: int) -> None:
                 got = [int(b) for b in ids[sp.row + i, g] if b >= 0]
                 assert got == want, (sp.seq, i, g)
                 word = bits[sp.row + i, g]
-                in_bits = [b for b in range(32 * word.shape[0]) if (int(word[b // 32]) >> (b % 32)) & 1]
+                in_bits = [
+                    b for b in range(32 * word.shape[0]) if (int(word[b // 32]) >> (b % 32)) & 1
+                ]
                 assert in_bits == want
 
 
@@ -174,7 +188,9 @@ def test_backward_matches_autograd_of_the_dense_attention(kind: str) -> None:
         g = torch.Generator().manual_seed(12)
         qi = torch.randn(sum(lengths), HKV, IDX, generator=g).to(DEV)
         bkeys = torch.randn(sum(lengths), IDX, generator=g).to(DEV)
-        sel = select_blocks(qi, bkeys, tiles, PagedKV(kv.block_table // BLK, 32 // BLK), topk_blocks=KSEL, block=BLK)
+        sel = select_blocks(
+            qi, bkeys, tiles, PagedKV(kv.block_table // BLK, 32 // BLK), topk_blocks=KSEL, block=BLK
+        )
         off, ids = union_steps(sel, tiles, block=BLK, step=16)
         kw = {"sparse": (off, ids, sel.bits), "block": BLK}
         chosen = sel.ids.cpu()
@@ -184,12 +200,16 @@ def test_backward_matches_autograd_of_the_dense_attention(kind: str) -> None:
             return j // BLK in blocks
 
     out, lse = attention_forward(q, k, v, tiles, kv, scale=SCALE, step=16, **kw)
-    dq, dk, dv = attention_backward(do, q, k, v, out, lse, tiles, kv, lengths, scale=SCALE, step=16, **kw)
+    dq, dk, dv = attention_backward(
+        do, q, k, v, out, lse, tiles, kv, lengths, scale=SCALE, step=16, **kw
+    )
     ro, rdq, rdk, rdv, probs = _dense_grads(q, k, v, do, lengths, allowed)
     for got, want in ((out, ro), (dq, rdq), (dk, rdk), (dv, rdv)):
         torch.testing.assert_close(got.cpu(), want, atol=5e-6, rtol=1e-4)
     if kind == "sparse":
-        mass = block_mass(q, k, lse, tiles, kv, kw["sparse"], KSEL, scale=SCALE, step=16, block=BLK).cpu()
+        mass = block_mass(
+            q, k, lse, tiles, kv, kw["sparse"], KSEL, scale=SCALE, step=16, block=BLK
+        ).cpu()
         for r in range(0, sum(lengths), 7):
             for grp in range(HKV):
                 for slot, b in enumerate(chosen[r, grp].tolist()):

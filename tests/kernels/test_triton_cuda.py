@@ -49,11 +49,23 @@ def test_deep92_shape_prefill_matches_the_oracle_and_decode_is_bitwise(kind: str
     def run(spans: list[Span], rows: torch.Tensor):  # noqa: ANN202
         tiles = plan_tiles(spans, 16, "cuda")
         if kind == "swa":
-            return attention_forward(q[rows], k, v, tiles, kv, scale=1 / math.sqrt(D), step=32, window=W), None
-        sel = select_blocks(qi[rows], bk, tiles, PagedKV(kv.block_table // B, 8), topk_blocks=ksel, block=B)
+            return attention_forward(
+                q[rows], k, v, tiles, kv, scale=1 / math.sqrt(D), step=32, window=W
+            ), None
+        sel = select_blocks(
+            qi[rows], bk, tiles, PagedKV(kv.block_table // B, 8), topk_blocks=ksel, block=B
+        )
         off, ids = union_steps(sel, tiles, block=B, step=16)
         out = attention_forward(
-            q[rows], k, v, tiles, kv, scale=1 / math.sqrt(D), step=16, sparse=(off, ids, sel.bits), block=B
+            q[rows],
+            k,
+            v,
+            tiles,
+            kv,
+            scale=1 / math.sqrt(D),
+            step=16,
+            sparse=(off, ids, sel.bits),
+            block=B,
         )
         return out, sel
 
@@ -64,9 +76,12 @@ def test_deep92_shape_prefill_matches_the_oracle_and_decode_is_bitwise(kind: str
     if kind == "swa":
         allowed = (causal & (pos[None, :] > pos[:, None] - W))[None].expand(H, -1, -1)
     else:
-        chosen = torch.zeros(length, HKV, length // B, dtype=torch.bool, device="cuda")
+        # padding (-1) goes to a spare column, so it never clears a real block's flag
+        nb = length // B
+        chosen = torch.zeros(length, HKV, nb + 1, dtype=torch.bool, device="cuda")
         ids = sel.ids.long()
-        chosen.scatter_(2, ids.clamp_min(0), ids >= 0)
+        chosen.scatter_(2, torch.where(ids >= 0, ids, nb), True)
+        chosen = chosen[..., :nb]
         own = (pos // B)[:, None] == torch.arange(length // B, device="cuda")[None, :]
         blocks = chosen | own[:, None, :]
         allowed = blocks.repeat_interleave(B, 2)[:, :, :length].permute(1, 0, 2)

@@ -73,7 +73,9 @@ def test_grouped_experts_match_a_loop_over_experts() -> None:
 def test_rms_norm_and_log_softmax_match_the_reference_and_are_row_invariant() -> None:
     x, gamma = _rand(37, 100), _rand(100)
     y = rms_norm_fwd(x, gamma, 1e-6)
-    torch.testing.assert_close(y.cpu(), reference.rms_norm(x.cpu(), gamma.cpu(), 1e-6), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        y.cpu(), reference.rms_norm(x.cpu(), gamma.cpu(), 1e-6), atol=1e-5, rtol=1e-5
+    )
     assert torch.equal(rms_norm_fwd(x[20:21], gamma, 1e-6), y[20:21])
     z = _rand(5, 9000)
     z[0, 3] = float("-inf")

@@ -69,7 +69,11 @@ def key_rows(case: PagedCase, seq: int, positions: Tensor) -> Tensor:
 
 
 def dense_attention(
-    case: PagedCase, q: Tensor, spans: list[Span], visible, scale: float  # noqa: ANN001
+    case: PagedCase,
+    q: Tensor,
+    spans: list[Span],
+    visible,
+    scale: float,  # noqa: ANN001
 ) -> Tensor:
     """Oracle: out (N, H, D) fp32; `visible(seq, pos, group) -> list of key positions`."""
     h, hkv = q.shape[1], case.k.shape[1]

@@ -67,15 +67,19 @@ def test_paged_decode_prefill_and_forks_are_bitwise_the_packed_forward(
         caches = [model.new_cache() for _ in range(2)]
         got: dict[int, list[torch.Tensor]] = {0: [], 1: [], 2: []}
         # seq 0: prefill 0..13 beside seq 1's prefill 0..5; then chunks and decodes mixed
-        for s, out in zip((0, 1), model.forward_step([tokens[0, :13], tokens[1, :5]], caches)):
+        for s, out in zip(
+            (0, 1), model.forward_step([tokens[0, :13], tokens[1, :5]], caches), strict=True
+        ):
             got[s].append(out)
         pos = {0: 13, 1: 5}
         fork = None
         while pos[0] < length or pos[1] < length:
             live = [s for s in (0, 1) if pos[s] < length]
             sizes = {s: (7 if s == 1 and pos[s] == 5 else 1) for s in live}
-            outs = model.forward_step([tokens[s, pos[s] : pos[s] + sizes[s]] for s in live], [caches[s] for s in live])
-            for s, out in zip(live, outs):
+            outs = model.forward_step(
+                [tokens[s, pos[s] : pos[s] + sizes[s]] for s in live], [caches[s] for s in live]
+            )
+            for s, out in zip(live, outs, strict=True):
                 got[s].append(out)
                 pos[s] += sizes[s]
             if pos[0] == 17 and fork is None:  # a prefix-cache snapshot of seq 0 at 17 tokens
@@ -124,7 +128,9 @@ def test_training_through_the_kernels_gives_the_reference_gradients(
         logits = out.logits[:, :-1].reshape(-1, m.cfg.vocab_size)
         loss = torch.nn.functional.cross_entropy(logits, t[:, 1:].reshape(-1)) + aux.total()
         loss.backward()
-        return {n: p.grad.detach().cpu().clone() for n, p in m.named_parameters() if p.grad is not None}
+        return {
+            n: p.grad.detach().cpu().clone() for n, p in m.named_parameters() if p.grad is not None
+        }
 
     with_triton = grads("triton")
     ref = grads("reference")
