@@ -3,6 +3,7 @@
 # Usage: bash scripts/device_run.sh STEP... ; logs go to $OUT (or ./device-out).
 #   tests     the GPU tests (kernels, model Triton path, trainer/engine on CUDA, NCCL group)
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
+#   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium)
 #   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,6 +30,9 @@ for step in "$@"; do
     attn)
       timeout "${ATTN_TIMEOUT:-300}" python3 benchmarks/bench_attention.py ${ATTN_ARGS:-} 2>&1 \
         | tee "$OUT/attn.log" | grep -v Warning ;;
+    engine)
+      timeout "${ENGINE_TIMEOUT:-150}" python3 benchmarks/bench_engine_gpu.py ${ENGINE_ARGS:-} 2>&1 \
+        | tee "$OUT/engine.log" ;;
     lin)
       timeout "${LIN_TIMEOUT:-150}" python3 benchmarks/bench_linear_tiles.py ${LIN_ARGS:-} 2>&1 \
         | tee "$OUT/lin.log" ;;
