@@ -26,6 +26,7 @@ from rlsys.engine.api import GenerationRequest, SamplingParams  # noqa: E402
 from rlsys.engine.config import EngineConfig  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
+from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
 from rlsys.model import Transformer  # noqa: E402
 
 
@@ -48,15 +49,25 @@ def step_bytes(model: Transformer, batch: int, context: int) -> float:
     return weights + batch * (swa + sparse)
 
 
-def run(model: Transformer, batch: int, args: argparse.Namespace) -> dict[str, float]:
+def make(model: Transformer, batch: int, args: argparse.Namespace, tp: int, reduce: str):  # noqa: ANN201
     ecfg = EngineConfig(
         max_running=batch, max_context_tokens=args.prompt + args.gen + 8, device="cuda",
-        max_step_tokens=max(batch, 4096), prefix_cache_tokens=0,
+        max_step_tokens=max(batch, 4096), prefix_cache_tokens=0, tp=tp,
+        tp_backend="nccl" if tp > 1 else "threads",
     )  # fmt: skip
-    runner = make_runner(model.cfg, ecfg, model.state_dict())
+    if tp > 1:
+        runner = DistTPRunner(model.cfg, model.state_dict(), tp, "nccl", ecfg.kv_pages(), reduce)
+    else:
+        runner = make_runner(model.cfg, ecfg, model.state_dict())
+    return ecfg, runner
+
+
+def run(
+    model: Transformer, batch: int, args: argparse.Namespace, runner, ecfg, gen: int
+) -> dict[str, float]:  # noqa: ANN001
     core = EngineCore(model.cfg, ecfg, runner)
     g = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_tokens=args.gen, seed=0)
+    params = SamplingParams(max_tokens=gen, seed=0)
     for i in range(batch):
         prompt = torch.randint(32, 127, (args.prompt,), generator=g).tolist()
         assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params)) is None
@@ -73,7 +84,7 @@ def run(model: Transformer, batch: int, args: argparse.Namespace) -> dict[str, f
         return out
 
     runner.step = timed_step  # type: ignore[method-assign]
-    while core.has_work():
+    while core.has_work():  # (a finished request's cache is freed: runners are reusable)
         prefilling = any(s.num_generated == 0 for s in core.running) or core.waiting
         before = core.generated_tokens
         forward_before = forward_s
@@ -85,7 +96,7 @@ def run(model: Transformer, batch: int, args: argparse.Namespace) -> dict[str, f
             steps += 1
         else:
             forward_s = forward_before
-    runner.close()
+    runner.step = orig  # type: ignore[method-assign]
     step_ms = 1000 * decode_s / max(steps, 1)
     return {
         "tok_s": tokens / decode_s if decode_s else 0.0,
@@ -101,6 +112,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--gen", type=int, default=64)
+    parser.add_argument("--tp", default="1", help="comma list of TP degrees (NCCL, one GPU each)")
+    parser.add_argument("--reduce", default="tree", help="comma list: tree (invariant), allreduce")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = Transformer(preset(args.preset)).cuda().eval()

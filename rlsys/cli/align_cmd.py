@@ -1,4 +1,5 @@
-"""`rlsys align CONFIG [--tp 1,2,4,8] [--json]`: engine-vs-trainer log-prob check.
+"""`rlsys align CONFIG [--tp 1,2,4,8] [--backend threads|gloo|nccl] [--json]`: engine-vs-
+trainer log-prob check (on GPUs with `--backend nccl`).
 
 Generates with the native engine under each TP degree (mixed batches, prefix-cache hits),
 recomputes with the trainer's full forward and prints, per degree, `max_abs_logprob_diff`
@@ -52,10 +53,11 @@ def _load_job(path: str):  # type: ignore[no-untyped-def]
 @click.option("--tp", "tp_text", default="1,2,4,8", show_default=True, help="TP degrees.")
 @click.option(
     "--backend",
-    type=click.Choice(["threads", "gloo"]),
+    type=click.Choice(["threads", "gloo", "nccl"]),
     default="threads",
     show_default=True,
-    help="TP ranks as shard threads in this process, or as gloo processes.",
+    help="TP ranks as shard threads in this process, as gloo processes (CPU), or as NCCL "
+    "processes, one GPU each (the engine and the trainer then run on CUDA).",
 )
 @click.option("--max-tokens", default=8, show_default=True, help="Generated tokens per turn.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -72,7 +74,10 @@ def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: boo
     for degree in degrees:
         if (error := tp_error(model_cfg, degree)) is not None:
             raise UserError(f"{config}: model cannot be split: {error}")
-    engine_cfg = EngineConfig.from_job(job.engine, job.seed, tp_backend=backend)
+    device = "cuda" if backend == "nccl" else "cpu"
+    engine_cfg = EngineConfig.from_job(job.engine, job.seed).model_copy(
+        update={"device": device, "tp_backend": backend}
+    )
     s = job.sampling
     sampling = SamplingParams(
         temperature=s.temperature,
@@ -81,7 +86,7 @@ def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: boo
         max_tokens=min(max_tokens, s.max_tokens_per_turn),
         candidate_cap=job.engine.candidate_cap,
     )
-    rows = alignment_report(model_cfg, engine_cfg, sampling, degrees, seed=job.seed)
+    rows = alignment_report(model_cfg, engine_cfg, sampling, degrees, seed=job.seed, device=device)
     report = {
         "model": job.model.preset,
         "compute_dtype": model_cfg.compute_dtype,

@@ -198,11 +198,15 @@ class JobConfig(_Section):
                 f"the same kind of device (trainer.num_gpus {self.trainer.num_gpus}, "
                 f"engine.num_gpus {self.engine.num_gpus}): both > 0 (NCCL) or both 0 (gloo)"
             )
-        if self.engine.tp > 1 and self.engine.num_gpus > 0:
+        if (
+            self.engine.tp > 1
+            and self.engine.num_gpus > 0
+            and self.engine.num_gpus != self.engine.tp
+        ):
             raise ValueError(
                 f"engine.tp ({self.engine.tp}) with engine.num_gpus "
-                f"({self.engine.num_gpus}): tensor parallelism runs on CPU only; use tp: 1 "
-                "for a GPU replica (one GPU each) or num_gpus: 0"
+                f"({self.engine.num_gpus}): a GPU replica runs one NCCL rank per GPU, so "
+                "num_gpus must equal tp (or be 0: TP on the CPU)"
             )
         if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
             raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")

@@ -81,19 +81,24 @@ def run_engine(
 def recompute_diff(
     model: Transformer, pairs: list[tuple[list[int], GenerationResult]], temperature: float
 ) -> tuple[float, int]:
-    """Max |engine log-prob - trainer log-prob| and the number of tokens compared."""
+    """Max |engine log-prob - trainer log-prob| and the number of tokens compared (the
+    trainer side on the model's device)."""
     worst, count = 0.0, 0
+    dev = next(model.parameters()).device
     for prompt, res in pairs:
         seq = prompt + res.token_ids
         with torch.no_grad():
-            logits = model(torch.tensor([seq[:-1]]), with_mtp=False).logits[0]
+            logits = model(torch.tensor([seq[:-1]], device=dev), with_mtp=False).logits[0]
         width = max(len(c) for c in res.candidate_ids)
         cand = torch.full((len(res.token_ids), width), -1, dtype=torch.long)
         for j, ids in enumerate(res.candidate_ids):
             cand[j, : len(ids)] = torch.tensor(ids)
         trainer = behaviour_log_probs(
-            logits[len(prompt) - 1 :], torch.tensor(res.token_ids), cand, temperature
-        )
+            logits[len(prompt) - 1 :],
+            torch.tensor(res.token_ids, device=dev),
+            cand.to(dev),
+            temperature,
+        ).cpu()
         engine = torch.tensor(res.logprobs, dtype=torch.float32)
         worst = max(worst, float((trainer - engine).abs().max()))
         count += len(res.token_ids)
@@ -107,8 +112,9 @@ def alignment_report(
     degrees: list[int],
     seed: int = 0,
     sessions: int = 6,
+    device: str = "cpu",
 ) -> list[AlignRow]:
-    """One row per TP degree (see module doc)."""
+    """One row per TP degree (see module doc); the trainer's forward runs on `device`."""
     torch.manual_seed(seed)
     model = Transformer(model_cfg).eval()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -117,7 +123,7 @@ def alignment_report(
     for degree in degrees:
         cfg = engine_cfg.model_copy(update={"tp": degree, "max_running": max(2, sessions - 2)})
         pairs, max_rows = run_engine(model_cfg, cfg, state, prompts, sampling)
-        diff, count = recompute_diff(model, pairs, sampling.temperature)
+        diff, count = recompute_diff(model.to(device), pairs, sampling.temperature)
         hits = sum(res.prefix_cache_hit_tokens for _, res in pairs)
         rows.append(AlignRow(degree, diff, count, hits, max_rows))
     return rows

@@ -31,9 +31,10 @@ class EngineConfig(BaseModel):
         200_000, ge=0, description="Prefix cache capacity in cached tokens (0 = off)."
     )
     tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree.")
-    tp_backend: Literal["threads", "gloo"] = Field(
+    tp_backend: Literal["threads", "gloo", "nccl"] = Field(
         "threads",
-        description="TP ranks as threads of this process, or as gloo processes (torch.distributed).",
+        description="TP ranks as threads of this process, as gloo processes (CPU), or as NCCL "
+        "processes, one GPU each (torch.distributed).",
     )
     seed: int = Field(0, description="Seeds requests that carry no seed of their own.")
     sample_vocab: int | None = Field(
@@ -70,7 +71,11 @@ class EngineConfig(BaseModel):
             prefix_cache_tokens=engine_section.prefix_cache_tokens,
             tp=engine_section.tp,
             seed=seed,
-            # A replica Ray gave a GPU runs its model there (Ray sets CUDA_VISIBLE_DEVICES).
+            # A replica Ray gave a GPU runs its model there (Ray sets CUDA_VISIBLE_DEVICES);
+            # with tp > 1, one NCCL rank per GPU it was given.
             device="cuda" if engine_section.num_gpus > 0 else "cpu",
+            tp_backend="nccl"
+            if engine_section.num_gpus > 0 and engine_section.tp > 1
+            else "threads",
             **overrides,
         )

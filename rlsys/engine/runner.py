@@ -105,17 +105,7 @@ class LocalRunner:
         if state is not None:
             model.load_state_dict(state)
         self.model = model.to(self.device)
-        if use_triton(torch.empty(0, device=self.device)) and kv_pages:
-            self.model.attach_page_pool(
-                PagePool(
-                    cfg,
-                    page_size=page_tokens,
-                    sparse_pages=kv_pages,
-                    swa_pages=kv_pages,
-                    dtype=self.model.dtype,
-                    device=self.device,
-                )
-            )
+        attach_pool(self.model, self.device, kv_pages, page_tokens)
         self.table = CacheTable(self.model, self.device)
 
     def new_cache(self) -> int:
@@ -140,6 +130,22 @@ class LocalRunner:
     def close(self) -> None:
         for key in list(self.table.caches):
             self.table.free(key)
+
+
+def attach_pool(
+    model: Transformer, device: torch.device, kv_pages: int, page_tokens: int = 64
+) -> None:
+    """Give a model on the Triton path (CUDA) its paged KV pool; the CPU keeps per-seq caches."""
+    if kv_pages and use_triton(torch.empty(0, device=device)):
+        pool = PagePool(
+            model.cfg,
+            page_size=page_tokens,
+            sparse_pages=kv_pages,
+            swa_pages=kv_pages,
+            dtype=model.dtype,
+            device=device,
+        )
+        model.attach_page_pool(pool)
 
 
 def routes_to_cpu(routes: RoutedExperts | None) -> RoutedExperts | None:

@@ -1,4 +1,5 @@
-"""Registry of model runners: TP=1 runs locally; TP>1 by `EngineConfig.tp_backend`."""
+"""Registry of model runners: TP=1 runs locally; TP>1 by `EngineConfig.tp_backend`
+(threads or gloo processes on the CPU, NCCL processes on GPUs)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,33 @@ from rlsys.config.model import ModelConfig
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.runner import LocalRunner, ModelRunner
 
-RunnerFactory = Callable[[ModelConfig, Mapping[str, Tensor] | None, int], ModelRunner]
+RunnerFactory = Callable[[ModelConfig, Mapping[str, Tensor] | None, int, int], ModelRunner]
 
 
-def _threads(cfg: ModelConfig, state: Mapping[str, Tensor] | None, tp: int) -> ModelRunner:
+def _dist(backend: str) -> RunnerFactory:
+    def make(
+        cfg: ModelConfig, state: Mapping[str, Tensor] | None, tp: int, kv_pages: int
+    ) -> ModelRunner:
+        from rlsys.engine.tp_dist import DistTPRunner
+
+        return DistTPRunner(cfg, state, tp, backend, kv_pages)
+
+    return make
+
+
+def _threads(
+    cfg: ModelConfig, state: Mapping[str, Tensor] | None, tp: int, kv_pages: int
+) -> ModelRunner:
     from rlsys.engine.tp_threads import ThreadedTPRunner
 
     return ThreadedTPRunner(cfg, state, tp)
 
 
-def _gloo(cfg: ModelConfig, state: Mapping[str, Tensor] | None, tp: int) -> ModelRunner:
-    from rlsys.engine.tp_gloo import GlooTPRunner
-
-    return GlooTPRunner(cfg, state, tp)
-
-
-TP_BACKENDS: dict[str, RunnerFactory] = {"threads": _threads, "gloo": _gloo}
+TP_BACKENDS: dict[str, RunnerFactory] = {
+    "threads": _threads,
+    "gloo": _dist("gloo"),
+    "nccl": _dist("nccl"),
+}
 
 
 def make_runner(
@@ -36,4 +48,4 @@ def make_runner(
         return LocalRunner(
             cfg, state, engine_cfg.device, engine_cfg.kv_pages(), engine_cfg.kv_page_tokens
         )
-    return TP_BACKENDS[engine_cfg.tp_backend](cfg, state, engine_cfg.tp)
+    return TP_BACKENDS[engine_cfg.tp_backend](cfg, state, engine_cfg.tp, engine_cfg.kv_pages())

@@ -14,7 +14,7 @@ Invariants:
 - `leave` is idempotent and safe after a failed collective.
 
 The process's default group is used: an engine replica with TP > 1 runs its TP ranks in
-spawned processes (`tp_gloo`) or threads without `torch.distributed` (`tp_threads`), so the
+spawned processes (`tp_dist`) or threads without `torch.distributed` (`tp_threads`), so the
 replica's own process has no other group.
 """
 

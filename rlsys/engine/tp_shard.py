@@ -140,6 +140,10 @@ def build_shard(
             elif isinstance(module, MoE | SwiGLU):
                 module.row_parallel = row_parallel
     model.load_state_dict(shard_state(cfg, state, plan), assign=True)
+    for module in model.modules():  # non-persistent buffers (not in a state dict) stay meta
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if buf.is_meta:
+                module.register_buffer(name, torch.zeros_like(buf, device="cpu"), persistent=False)
     return model.eval()
 
 

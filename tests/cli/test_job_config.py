@@ -56,7 +56,7 @@ def test_gpu_example_config_is_valid_and_places_models_on_cuda(monkeypatch):
         (("engine.num_gpus=1",), "engine.num_gpus"),
         (
             ("engine.num_gpus=1", "engine.tp=2"),
-            "engine.tp (2) with engine.num_gpus (1.0): tensor parallelism runs on CPU only",
+            "engine.tp (2) with engine.num_gpus (1.0): a GPU replica runs one NCCL rank per GPU",
         ),
         (
             ("engine.num_gpus=1", "engine.weight_transport=collective"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlsys.engine.tp_gloo import GlooTPRunner
+from rlsys.engine.tp_dist import DistTPRunner
 from rlsys.engine.tp_shard import shard_plan, tp_error
 from tests.engine.conftest import make_core, prompts, request, run_all, tiny, trainer_log_probs
 
@@ -45,7 +45,7 @@ def test_gloo_ranks_match_the_full_forward() -> None:
     with torch.no_grad():
         ref = [model(torch.tensor([s]), with_mtp=False).logits[0, -1] for s in seqs]
     for degree in (2, 8):
-        runner = GlooTPRunner(cfg, model.state_dict(), degree)
+        runner = DistTPRunner(cfg, model.state_dict(), degree, "gloo")
         try:
             keys = [runner.new_cache() for _ in seqs]
             runner.step(keys, [s[:2] for s in seqs])  # prefill in two mixed chunks

@@ -1,10 +1,16 @@
-"""TP over real torch.distributed ranks: one spawned process per rank, gloo collectives.
+"""TP over real torch.distributed ranks: one process per rank, gloo (CPU) or NCCL (GPU).
 
 The driver (the engine's scheduler) sends every rank the same command over a pipe; the
 ranks run their shard (`rlsys.engine.tp_shard`) and all-gather row-parallel subtotals with
 `dist.all_gather`, summing them in the fixed tree order (never `all_reduce`, whose order is
 the backend's). Rank 0 returns the logits and routes; every rank acknowledges each command
 so an error on any rank surfaces in the driver.
+- gloo: ranks on the CPU, reference kernels.
+- nccl: rank r on `cuda:r` (the GPUs Ray gave the replica), the Triton kernels over a
+  per-rank paged KV pool; the last-row logits come back to the driver's GPU (`cuda:0`) as
+  an exact copy, so the sampler computes the recorded log-prob on a GPU, as the trainer.
+Every degree gives bitwise the TP=1 logits: whole KV groups per rank, column slices of a
+product equal the full product's columns, and the fixed 8-chunk tree (`rlsys.kernels.tp`).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from rlsys.config.model import ModelConfig
-from rlsys.engine.runner import CacheTable, StepOutput
+from rlsys.engine.runner import CacheTable, StepOutput, attach_pool, routes_to_cpu
 from rlsys.engine.tp_shard import build_shard, load_shard
 from rlsys.model import Transformer
 
@@ -37,18 +43,40 @@ def _gather(tensor: Tensor) -> list[Tensor]:
     return out
 
 
+def _all_reduce_as_gather(tensor: Tensor) -> list[Tensor]:
+    """Benchmark only: NCCL's own all-reduce (its order, not TP-invariant), shaped as a
+    gather whose fixed-tree sum is that value (x + 0 + ... = x exactly)."""
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return [total] + [torch.zeros_like(tensor) for _ in range(dist.get_world_size() - 1)]
+
+
+REDUCERS = {"tree": _gather, "allreduce": _all_reduce_as_gather}
+
+
 class _Rank:
     """One worker process's shard and caches; `handle` runs one driver command."""
 
-    def __init__(self, rank: int, degree: int, cfg: ModelConfig) -> None:
-        self.rank, self.degree, self.cfg = rank, degree, cfg
+    def __init__(
+        self,
+        rank: int,
+        degree: int,
+        cfg: ModelConfig,
+        device: torch.device,
+        kv_pages: int,
+        reduce: str,
+    ) -> None:
+        self.rank, self.degree, self.cfg, self.device = rank, degree, cfg, device
+        self.kv_pages, self.reduce = kv_pages, reduce
         self.table: CacheTable | None = None
 
     def handle(self, op: str, args: Any) -> Any:
         if op == "load":
             if self.table is None:
-                shard = build_shard(self.cfg, args, self.degree, self.rank, _gather)
-                self.table = CacheTable(shard, torch.device("cpu"))
+                shard = build_shard(self.cfg, args, self.degree, self.rank, REDUCERS[self.reduce])
+                shard = shard.to(self.device)
+                attach_pool(shard, self.device, self.kv_pages)
+                self.table = CacheTable(shard, self.device)
             else:
                 load_shard(self.table.model, self.cfg, args)
             return None
@@ -65,20 +93,28 @@ class _Rank:
             logits, routes = table.forward(keys, chunks, record=self.rank == 0)
             if self.rank:
                 return None
-            return torch.stack([rows[-1] for rows in logits]).float(), routes
+            return torch.stack([rows[-1] for rows in logits]).float().cpu(), routes_to_cpu(routes)
         raise ValueError(f"unknown op {op!r}")
 
 
-def _worker(rank: int, degree: int, port: int, cfg_data: dict[str, Any], conn: Any) -> None:
+def _worker(
+    rank: int, degree: int, port: int, cfg_data: dict[str, Any], conn: Any, backend: str,
+    kv_pages: int, reduce: str,
+) -> None:  # fmt: skip
     torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=degree,
         timeout=timedelta(seconds=120),
+        device_id=device if backend == "nccl" else None,
     )
-    me = _Rank(rank, degree, ModelConfig.model_validate(cfg_data))
+    me = _Rank(rank, degree, ModelConfig.model_validate(cfg_data), device, kv_pages, reduce)
     try:
         while True:
             op, args = conn.recv()
@@ -93,20 +129,38 @@ def _worker(rank: int, degree: int, port: int, cfg_data: dict[str, Any], conn: A
         dist.destroy_process_group()
 
 
-class GlooTPRunner:
-    """A `ModelRunner` over `degree` gloo processes (CPU)."""
+class DistTPRunner:
+    """A `ModelRunner` over `degree` torch.distributed processes (`backend` gloo or nccl)."""
 
-    def __init__(self, cfg: ModelConfig, state: Mapping[str, Tensor] | None, degree: int) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        state: Mapping[str, Tensor] | None,
+        degree: int,
+        backend: str = "gloo",
+        kv_pages: int = 0,
+        reduce: str = "tree",
+    ) -> None:
+        """`reduce="allreduce"` swaps the fixed tree for NCCL's all-reduce (benchmarks only:
+        it gives up TP invariance)."""
+        if backend == "nccl" and torch.cuda.device_count() < degree:
+            raise ValueError(
+                f"tp={degree} over NCCL needs {degree} GPUs; this process sees "
+                f"{torch.cuda.device_count()}"
+            )
         # forkserver with torch + this module preloaded: ranks start by fork of one warm
-        # process (no threads forked), instead of each importing torch again (seconds each)
+        # process (no threads forked, no CUDA context), instead of each importing torch
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "rlsys.engine.tp_gloo"])
+        ctx.set_forkserver_preload(["torch", "rlsys.engine.tp_dist"])
+        self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
         port = _free_port()
         self.conns, self.procs = [], []
         for rank in range(degree):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_worker, args=(rank, degree, port, cfg.model_dump(), child), daemon=True
+                target=_worker,
+                args=(rank, degree, port, cfg.model_dump(), child, backend, kv_pages, reduce),
+                daemon=True,
             )
             proc.start()
             self.conns.append(parent)
@@ -134,7 +188,7 @@ class GlooTPRunner:
 
     def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
         last, routes = self._all("step", (keys, chunks))[0]
-        return StepOutput(last, routes)
+        return StepOutput(last.to(self.device), routes)
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         self._all("load", {k: v.detach().cpu() for k, v in state.items()})
