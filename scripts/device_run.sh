@@ -2,6 +2,7 @@
 # GPU-machine runs (the device tool): install the carried wheels, then run the named steps.
 # Usage: bash scripts/device_run.sh STEP... ; logs go to $OUT (or ./device-out).
 #   tests     the GPU tests (kernels, model Triton path, trainer/engine on CUDA, NCCL group)
+#   tp        the NCCL tensor-parallel test and the engine/trainer GPU tests
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
 #   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium)
 #   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
@@ -27,6 +28,10 @@ for step in "$@"; do
         tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
         tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
         tests/kernels/test_reference_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    tp)
+      timeout "${TP_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/engine/test_tp_cuda.py tests/kernels/test_triton_cuda.py tests/trainer/test_trainer_cuda.py \
+        2>&1 | tee "$OUT/tp.log" | tail -30 ;;
     attn)
       timeout "${ATTN_TIMEOUT:-300}" python3 benchmarks/bench_attention.py ${ATTN_ARGS:-} 2>&1 \
         | tee "$OUT/attn.log" | grep -v Warning ;;
