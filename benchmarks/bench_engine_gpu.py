@@ -120,14 +120,24 @@ def main() -> None:
     print(
         f"preset {args.preset}: {model.num_parameters():,} parameters; {torch.cuda.get_device_name()}"
     )
-    print("\n| batch | context | decode tokens/s | step ms | forward share | HBM util |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for batch in (int(b) for b in args.batches.split(",")):
-        r = run(model, batch, args)
-        print(
-            f"| {batch} | {args.prompt} | {r['tok_s']:.0f} | {r['step_ms']:.1f} | {r['forward_share']:.0%} | {r['hbm']:.1%} |",
-            flush=True,
-        )
+    print(
+        "\n| TP | reduction | batch | context | decode tokens/s | step ms | forward share | HBM util |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for tp in (int(t) for t in args.tp.split(",")):
+        for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
+            for batch in (int(b) for b in args.batches.split(",")):
+                ecfg, runner = make(model, batch, args, tp, reduce if tp > 1 else "tree")
+                try:
+                    run(model, batch, args, runner, ecfg, 4)  # warm-up: compiles every kernel
+                    r = run(model, batch, args, runner, ecfg, args.gen)
+                finally:
+                    runner.close()
+                print(
+                    f"| {tp} | {reduce} | {batch} | {args.prompt} | {r['tok_s']:.0f} | {r['step_ms']:.1f} "
+                    f"| {r['forward_share']:.0%} | {r['hbm']:.1%} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
