@@ -38,6 +38,8 @@ for step in "$@"; do
     engine)
       timeout "${ENGINE_TIMEOUT:-150}" python3 benchmarks/bench_engine_gpu.py ${ENGINE_ARGS:-} 2>&1 \
         | tee "$OUT/engine.log" ;;
+    profile)
+      timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/profile_decode_gpu.py 2>&1 | tee "$OUT/profile.log" ;;
     lin)
       timeout "${LIN_TIMEOUT:-150}" python3 benchmarks/bench_linear_tiles.py ${LIN_ARGS:-} 2>&1 \
         | tee "$OUT/lin.log" ;;
