@@ -19,6 +19,8 @@ ORDER = [
     "admission",
     "job",
     "gpu",
+    "gpu_kernels",
+    "gpu_engine",
 ]
 
 
