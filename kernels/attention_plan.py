@@ -36,6 +36,9 @@ class QueryTiles:
     row: Tensor  # (n_tiles,)
     q_seq: Tensor  # (N,)
     q_pos: Tensor  # (N,)
+    max_pos: int = 0  # the largest query position (known on the host: no device sync)
+    host_row: tuple[int, ...] = ()  # per tile: first query row, and present rows (host)
+    host_rows: tuple[int, ...] = ()
 
     @property
     def n_tiles(self) -> int:
@@ -94,6 +97,9 @@ def plan_tiles(spans: list[Span], T: int, device: torch.device | str) -> QueryTi
         dev(tile_row),
         dev(q_seq),
         dev(q_pos),
+        max_pos=int(q_pos.max()) if q_pos.numel() else 0,
+        host_row=tuple(tile_row.tolist()),
+        host_rows=tuple((hi - lo).tolist()),
     )
 
 

@@ -328,7 +328,7 @@ def _invert_steps(
     counts = (step_off[1:] - step_off[:-1]).long()
     tg = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts)
     tile, g = tg // hkv, tg % hkv
-    chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids.long()
+    chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids[: tg.shape[0]].long()
     key = chunk * hkv + g
     order = torch.argsort(key * tiles.n_tiles + tile)
     per_key = torch.bincount(key, minlength=chunks["n"] * hkv)

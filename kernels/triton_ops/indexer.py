@@ -32,6 +32,7 @@ from rlsys.kernels.triton_ops.common import check_device, interpreting, mma, nex
 
 SCORE_CHUNK_BYTES = 256 * 2**20  # score buffer per chunk of queries
 NBT = 64  # blocks per score program
+SYNC_FREE_IDS = 1 << 24  # union id buffers up to this size are allocated without a sync
 
 
 @triton.jit
@@ -168,7 +169,7 @@ def select_blocks(
     check_device(qi, block_keys)
     n, hkv, idx = qi.shape
     dev = qi.device
-    max_pos = int(tiles.q_pos.max()) if n else 0
+    max_pos = tiles.max_pos
     nbp = next_pow2(max_pos // block, at_least=32)
     nw = nbp // 32
     ksel_p = next_pow2(topk_blocks)
@@ -177,10 +178,7 @@ def select_blocks(
     if n == 0:
         return Selection(ids, bits)
     rows_per_chunk = max(1, SCORE_CHUNK_BYTES // (hkv * nbp * 4))
-    tile_row_cpu = tiles.row.cpu()
-    for r0, r1, t0, t1 in _row_chunks(
-        tile_row_cpu, tiles.hi.cpu() - tiles.lo.cpu(), rows_per_chunk
-    ):
+    for r0, r1, t0, t1 in _row_chunks(tiles.host_row, tiles.host_rows, rows_per_chunk):
         scores = torch.empty((r1 - r0) * hkv, nbp, dtype=torch.float32, device=dev)
         sub = _tile_slice(tiles, t0, t1)
         n_bt = triton.cdiv(max(max_pos // block, 1), NBT)
@@ -204,13 +202,12 @@ def select_blocks(
 
 
 def _row_chunks(
-    tile_row: Tensor, tile_rows: Tensor, rows_per_chunk: int
+    starts: tuple[int, ...], counts: tuple[int, ...], rows_per_chunk: int
 ) -> list[tuple[int, int, int, int]]:
     """Split the tiles into runs whose query rows [r0, r1) fit one score buffer."""
     chunks, t0 = [], 0
-    n_tiles = tile_row.shape[0]
-    ends = (tile_row + tile_rows).tolist()
-    starts = tile_row.tolist()
+    n_tiles = len(starts)
+    ends = [a + b for a, b in zip(starts, counts, strict=True)]
     while t0 < n_tiles:
         t1 = t0 + 1
         while t1 < n_tiles and ends[t1] - starts[t0] <= rows_per_chunk:
@@ -230,6 +227,7 @@ def _tile_slice(tiles: QueryTiles, t0: int, t1: int) -> QueryTiles:
         tiles.row[t0:t1],
         tiles.q_seq,
         tiles.q_pos,
+        tiles.max_pos,
     )
 
 
@@ -293,8 +291,7 @@ def union_steps(
     dev = sel.bits.device
     nbs = max(step // block, 1)
     assert 32 % nbs == 0
-    max_pos = int(tiles.q_pos.max()) if n else 0
-    nw_iter = max_pos // block // 32 + 1
+    nw_iter = tiles.max_pos // block // 32 + 1
     wb = min(64, next_pow2(nw_iter, at_least=1))
     counts = torch.zeros(tiles.n_tiles * hkv + 1, dtype=torch.int32, device=dev)
     if tiles.n_tiles == 0:
@@ -313,6 +310,9 @@ def union_steps(
     dummy = counts[:1]
     _union_steps[(tiles.n_tiles, hkv)](sel.bits, counts, dummy, *args, COUNT_ONLY=True, **meta)
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    ids = torch.empty(int(offsets[-1]), dtype=torch.int32, device=dev)
+    # an upper bound on the ids avoids reading the total back (a device sync) when small
+    bound = tiles.n_tiles * hkv * (tiles.max_pos // step + 1)
+    size = bound if bound <= SYNC_FREE_IDS else int(offsets[-1])
+    ids = torch.empty(size, dtype=torch.int32, device=dev)
     _union_steps[(tiles.n_tiles, hkv)](sel.bits, offsets, ids, *args, COUNT_ONLY=False, **meta)
     return offsets, ids

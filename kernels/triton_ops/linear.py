@@ -401,26 +401,20 @@ def linear_tree_fwd(x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
 def expert_tiles(counts: Tensor, max_tiles: int) -> tuple[Tensor, Tensor, Tensor]:
     """Tile table for rows sorted by expert: per tile (expert, first row, rows in tile).
 
-    `max_tiles` >= cdiv(total, BM) + E bounds the grid without reading counts on the host;
-    surplus tiles get 0 rows and write nothing.
+    `max_tiles` >= cdiv(total, BM) + E bounds the grid without reading counts on the host
+    (no device sync); surplus tiles get 0 rows and write nothing.
     """
     dev = counts.device
     per_expert = (counts + BM - 1) // BM
+    tile_end = torch.cumsum(per_expert, 0)  # first tile of the next expert
     first_row = torch.cumsum(counts, 0) - counts
-    experts = torch.arange(counts.shape[0], device=dev)
-    tile_expert = torch.repeat_interleave(experts, per_expert, output_size=None)
-    n = tile_expert.shape[0]
-    first_tile = torch.cumsum(per_expert, 0) - per_expert
-    j = torch.arange(n, device=dev) - first_tile[tile_expert]
-    row0 = first_row[tile_expert] + j * BM
-    rows = torch.clamp(counts[tile_expert] - j * BM, max=BM)
-    pad = max_tiles - n
-    assert pad >= 0
-
-    def padded(t: Tensor) -> Tensor:
-        return torch.cat([t, t.new_zeros(pad)]).to(torch.int32)
-
-    return padded(tile_expert), padded(row0), padded(rows)
+    idx = torch.arange(max_tiles, device=dev)
+    expert = torch.searchsorted(tile_end, idx, right=True).clamp_max(counts.shape[0] - 1)
+    j = idx - (tile_end - per_expert)[expert]
+    rows = torch.clamp(counts[expert] - j * BM, min=0, max=BM)
+    rows = torch.where(idx < tile_end[-1], rows, 0)
+    row0 = first_row[expert] + j * BM
+    return expert.to(torch.int32), row0.to(torch.int32), rows.to(torch.int32)
 
 
 def swiglu_fwd(
