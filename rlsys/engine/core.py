@@ -32,7 +32,7 @@ from rlsys.engine.config import EngineConfig
 from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
 from rlsys.engine.route_log import RouteLog
 from rlsys.engine.runner import ModelRunner
-from rlsys.engine.sampler import request_seed, sample
+from rlsys.engine.sampler import RowParams, request_seed, sample_batch
 from rlsys.engine.sequence import Sequence
 from rlsys.engine.validation import request_error
 from rlsys.tokenizer import ByteTokenizer
@@ -189,16 +189,19 @@ class EngineCore:
         self.forward_rows += row
 
     def _sample_ready(self) -> list[GenerationResult]:
-        finished = []
-        for seq in [s for s in self.running if s.ready_logits is not None]:
-            logits, seq.ready_logits = seq.ready_logits, None
+        """Sample every sequence whose rows are all fed, in one batch (one host copy)."""
+        ready = [s for s in self.running if s.ready_logits is not None]
+        if not ready:
+            return []
+        raw = [s.ready_logits for s in ready]
+        for seq, logits in zip(ready, raw, strict=True):
+            seq.ready_logits = None
             if seq.num_generated == 0:
-                self._remember_prompt(seq, logits)
-            if self.cfg.sample_vocab is not None and self.cfg.sample_vocab < logits.shape[-1]:
-                # Padding ids of the model's vocabulary are never sampled (no text behind them).
-                logits = logits.clone()
-                logits[self.cfg.sample_vocab :] = float("-inf")
-            tok = sample(logits, seq.request.sampling, seq.candidate_cap, seq.rng)
+                self._remember_prompt(seq, logits)  # type: ignore[arg-type]
+        rows = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s in ready]
+        sampled = sample_batch(torch.stack(raw), rows, self.cfg.sample_vocab)  # type: ignore[arg-type]
+        finished = []
+        for seq, tok, logits in zip(ready, sampled, raw, strict=True):
             res = seq.result
             res.token_ids.append(tok.token_id)
             res.logprobs.append(tok.logprob)
@@ -211,7 +214,7 @@ class EngineCore:
             reason = seq.stop_reason(self.cfg.max_context_tokens)
             if reason is not None:
                 self.running.remove(seq)
-                finished.append(self._finish(seq, reason, logits))
+                finished.append(self._finish(seq, reason, logits))  # type: ignore[arg-type]
         return finished
 
     # ---- prefix cache ------------------------------------------------------------------

@@ -16,6 +16,10 @@ invariance), same elementwise division, same function.
 Determinism: a request's draws come from its own `torch.Generator`, one uniform per token,
 so a seeded request yields the same tokens whatever it was batched with.
 
+Batched: `sample_batch` samples every ready sequence of an engine step at once (rows are
+independent: per-row sorts, scans and the row-invariant log-softmax) and copies tokens,
+log-probs and candidate sets to the host once per step.
+
 Device: everything that feeds the recorded log-prob (candidate set, restricted softmax,
 `token_log_probs`) runs on the logits' device, which is the model's, because the trainer
 recomputes the value on its model's device; only the draw (a CDF and one uniform) is on
@@ -62,31 +66,86 @@ def request_seed(seed: int | None, engine_seed: int, request_id: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+@dataclass(frozen=True)
+class RowParams:
+    """What one row's draw needs: its sampling parameters, candidate cap and generator."""
+
+    params: SamplingParams
+    cap: int
+    rng: torch.Generator | None = None
+
+
+def sample_batch(
+    logits: Tensor, rows: list[RowParams], sample_vocab: int | None = None
+) -> list[SampledToken]:
+    """Draw one token per row of fp32 logits (B, V) (see module doc); one host copy."""
+    b, v = logits.shape
+    dev = logits.device
+    temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype, device=dev)
+    z = logits / temps[:, None]
+    if sample_vocab is not None and sample_vocab < v:
+        # Padding ids of the model's vocabulary are never sampled (no text behind them).
+        z = z.clone()
+        z[:, sample_vocab:] = float("-inf")
+    cand, capped = candidate_sets(z, rows)  # (B, C) padded with -1
+    mask = candidate_mask(cand, v)
+    restricted = kernels.log_softmax(z.masked_fill(~mask, float("-inf")))
+    probs = restricted.gather(-1, cand.clamp_min(0)).double().exp().masked_fill(cand < 0, 0.0)
+    cdf = torch.cumsum(probs, -1)
+    u = torch.tensor(
+        [float(torch.rand((), generator=r.rng, dtype=torch.float64)) for r in rows],  # type: ignore[arg-type]
+        dtype=torch.float64,
+        device=dev,
+    )
+    count = (cand >= 0).sum(-1)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1)
+    pick = torch.minimum(pick, count - 1)
+    tokens = cand.gather(-1, pick[:, None]).squeeze(-1)
+    logprob = token_log_probs(z, tokens, cand)
+    host = torch.stack(
+        [tokens.double(), logprob.double(), capped.double(), count.double()], -1
+    ).cpu()
+    cand_host = cand.cpu()
+    out = []
+    for i in range(b):
+        token, lp, cut, n = host[i].tolist()
+        assert math.isfinite(lp), "a sampled token always lies in its candidate set"
+        out.append(SampledToken(int(token), float(lp), cand_host[i, : int(n)].tolist(), bool(cut)))
+    return out
+
+
+def candidate_sets(z: Tensor, rows: list[RowParams]) -> tuple[Tensor, Tensor]:
+    """Per row of z (B, V): candidate ids by descending probability, cut by top-k, top-p
+    and the row's cap, padded with -1 to the widest cap; and whether the cap cut the set."""
+    dev = z.device
+    logp = kernels.log_softmax(z)
+    order = torch.sort(logp, dim=-1, descending=True, stable=True).indices
+    n = torch.isfinite(z).sum(-1)  # ids masked to -inf are never candidates
+    top_k = torch.tensor([r.params.top_k for r in rows], device=dev)
+    n = torch.where(top_k > 0, torch.minimum(top_k, n), n)
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float64, device=dev)
+    width = min(max(r.cap for r in rows), z.shape[-1])
+    # a nucleus is measured over the whole sorted row (it can be wider than any cap)
+    head = z.shape[-1] if any(r.params.top_p < 1.0 for r in rows) else width
+    probs = logp.gather(-1, order[:, :head]).double().exp()
+    mass_before = torch.cumsum(probs, -1) - probs
+    inside = torch.arange(head, device=dev)[None, :] < n[:, None]
+    n_p = ((mass_before < top_p[:, None]) & inside).sum(-1).clamp_min(1)
+    n = torch.where(top_p < 1.0, torch.minimum(n_p, n), n)
+    cap = torch.tensor([r.cap for r in rows], device=dev)
+    keep = torch.minimum(n, cap)
+    ids = order[:, :width]
+    cols = torch.arange(ids.shape[1], device=dev)[None, :]
+    return torch.where(cols < keep[:, None], ids, -1), n > cap
+
+
 def candidate_set(z: Tensor, top_k: int, top_p: float, cap: int) -> tuple[Tensor, bool]:
     """Candidate ids (C,) in descending probability of z (V,), and whether the cap cut it."""
-    logp = kernels.log_softmax(z[None])[0]
-    order = torch.sort(logp, descending=True, stable=True).indices
-    n = int(torch.isfinite(z).sum())  # ids masked to -inf are never candidates
-    n = n if top_k <= 0 else min(top_k, n)
-    if top_p < 1.0:
-        probs = logp[order[:n]].double().exp()
-        mass_before = torch.cumsum(probs, 0) - probs
-        n = max(1, int((mass_before < top_p).sum()))
-    return order[: min(n, cap)], n > cap
+    row = RowParams(SamplingParams(top_k=top_k, top_p=top_p), cap)
+    ids, capped = candidate_sets(z[None], [row])
+    return ids[0][ids[0] >= 0], bool(capped[0])
 
 
 def sample(logits: Tensor, params: SamplingParams, cap: int, rng: torch.Generator) -> SampledToken:
-    """Draw one token from a fp32 logits row (V,) under `params` (see module doc)."""
-    z = logits / params.temperature
-    cand, capped = candidate_set(z, params.top_k, params.top_p, min(cap, params.candidate_cap))
-    padded = cand[None]
-    mask = candidate_mask(padded, z.shape[-1])
-    restricted = kernels.log_softmax(z[None].masked_fill(~mask, float("-inf")))[0]
-    cdf = torch.cumsum(restricted[cand].double().exp(), 0).cpu()
-    u = float(torch.rand((), generator=rng, dtype=torch.float64)) * float(cdf[-1])
-    pick = min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64))), len(cand) - 1)
-    token = int(cand[pick])
-    target = torch.tensor([token], device=z.device)
-    logprob = float(token_log_probs(z[None], target, padded)[0])
-    assert math.isfinite(logprob), "a sampled token always lies in its candidate set"
-    return SampledToken(token, logprob, cand.tolist(), capped)
+    """Draw one token from a fp32 logits row (V,) under `params`: `sample_batch` of one row."""
+    return sample_batch(logits[None], [RowParams(params, min(cap, params.candidate_cap), rng)])[0]
