@@ -34,11 +34,9 @@ H, HKV, D, BLK, IDX, KSEL, WINDOW = 4, 2, 8, 2, 8, 3, 12
 T = 16  # 16 slots x 2 heads per group = 32 rows
 
 
-def _swa(case, q, spans, page_size_step=16):  # noqa: ANN001, ANN202
+def _swa(case, q, spans, window=WINDOW):  # noqa: ANN001, ANN202
     tiles = plan_tiles(spans, T, DEV)
-    return attention_forward(
-        q, case.k, case.v, tiles, case.kv, scale=SCALE, step=page_size_step, window=WINDOW
-    )
+    return attention_forward(q, case.k, case.v, tiles, case.kv, scale=SCALE, step=16, window=window)
 
 
 def _sparse(case, q, qi, spans, rank_max=128):  # noqa: ANN001, ANN202
@@ -72,21 +70,22 @@ def test_swa_forward_matches_the_dense_window(page: int) -> None:
 
 
 def test_swa_token_is_bitwise_the_same_in_decode_chunk_and_prefill() -> None:
+    window = 45  # spans several 16-key steps: the step order is what is under test
     case = paged_case([40, 7, 70], HKV, D, 32, BLK, IDX, DEV)
     spans = prefill_spans(case.lengths)
     q = torch.randn(sum(case.lengths), H, D).to(DEV)
-    full, _ = _swa(case, q, spans)
+    full, _ = _swa(case, q, spans, window)
     last = [sp.row + sp.n - 1 for sp in spans]
-    decoded, _ = _swa(case, q[last], decode_spans(case.lengths))
+    decoded, _ = _swa(case, q[last], decode_spans(case.lengths), window)
     assert torch.equal(decoded, full[last])
-    alone, _ = _swa(case, q[last[1] : last[1] + 1], [Span(1, 0, 1, 6)])  # a batch of one
+    alone, _ = _swa(case, q[last[1] : last[1] + 1], [Span(1, 0, 1, 6)], window)  # batch of one
     assert torch.equal(alone, full[last[1] : last[1] + 1])
     rows = slice(spans[2].row + 13, spans[2].row + 50)
-    chunk, _ = _swa(case, q[rows], [Span(2, 0, 37, 13)])
+    chunk, _ = _swa(case, q[rows], [Span(2, 0, 37, 13)], window)
     assert torch.equal(chunk, full[rows])
     moved = paged_case([40, 7, 70], HKV, D, 64, BLK, IDX, DEV)  # other pages, same keys
     moved.k, moved.v = _relayout(case, moved, case.k), _relayout(case, moved, case.v)
-    again, _ = _swa(moved, q, spans)
+    again, _ = _swa(moved, q, spans, window)
     assert torch.equal(again, full)
 
 
