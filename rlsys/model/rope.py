@@ -1,7 +1,8 @@
 """Rotary position embedding, computed from absolute positions (no precomputed table).
 
 Invariant: the rotation of a position is computed elementwise from that position alone,
-so a token gets the same q/k in prefill and in decode.
+so a token gets the same q/k in prefill and in decode. On the Triton path (CUDA) one kernel
+does it (`kernels/triton_ops/rope.py`); its backward is the inverse rotation.
 """
 
 from __future__ import annotations
@@ -9,11 +10,31 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlsys.kernels.dispatch import use_triton
+
+
+class _TritonRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:  # type: ignore[no-untyped-def]
+        from rlsys.kernels.triton_ops.rope import rope_fwd
+
+        ctx.save_for_backward(positions, inv_freq)
+        return rope_fwd(x.contiguous(), positions, inv_freq)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[no-untyped-def]
+        from rlsys.kernels.triton_ops.rope import rope_fwd
+
+        positions, inv_freq = ctx.saved_tensors
+        return rope_fwd(g.contiguous(), positions, -inv_freq), None, None  # rotate back
+
 
 def apply_rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     """Rotate x (N, H, D) by positions (N,) (rotate-half convention); returns x's dtype."""
     d = x.shape[-1]
     inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    if use_triton(x):
+        return _TritonRope.apply(x, positions, inv_freq)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, D/2)
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
     x32 = x.float()

@@ -85,3 +85,17 @@ def test_rms_norm_and_log_softmax_match_the_reference_and_are_row_invariant() ->
     torch.testing.assert_close(lp.cpu()[finite], want[finite], atol=1e-5, rtol=1e-5)
     assert lp[0, 3] == float("-inf")
     assert torch.equal(log_softmax_fwd(z[2:3]), lp[2:3])
+
+
+def test_rope_kernel_rotates_like_the_reference_and_back() -> None:
+    from rlsys.kernels.triton_ops.rope import rope_fwd
+
+    x, pos = _rand(37, 4, 8), torch.arange(5, 42, device=DEV)
+    inv = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float32, device=DEV) / 8)
+    y = rope_fwd(x, pos, inv)
+    angles = pos.float()[:, None] * inv[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    want = torch.cat([x[..., :4] * cos - x[..., 4:] * sin, x[..., 4:] * cos + x[..., :4] * sin], -1)
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rope_fwd(y, pos, -inv), x, atol=1e-5, rtol=1e-5)  # the backward
+    assert torch.equal(rope_fwd(x[9:10], pos[9:10], inv), y[9:10])
