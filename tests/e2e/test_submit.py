@@ -88,7 +88,7 @@ def scrape(head: RayHead, job_id: str) -> dict[str, float]:
 
 def test_a_submitted_job_is_watched_and_stopped_from_the_users_shell(head, pg_database_url):
     # The user's shell: the cluster's token, its address and a ledger both sides reach.
-    env = head.user_env(RAY_ADDRESS=head.address, RLSYS_LEDGER_URL=pg_database_url)
+    env = head.user_env(RAY_API_SERVER_ADDRESS=head.address, RLSYS_LEDGER_URL=pg_database_url)
     sub = rlsys(
         "submit",
         "configs/smoke-tiny.yaml",
@@ -108,6 +108,19 @@ def test_a_submitted_job_is_watched_and_stopped_from_the_users_shell(head, pg_da
         "monitor", "--job", job_id, "--follow", "--json", "--interval", "0.5", env=env
     )
     logs, output = follow("jobs", "logs", job_id, "--follow", env=env)
+    try:
+        _watch_and_stop(head, job_id, env, monitor, steps, logs, output)
+    finally:
+        for proc in (monitor, logs):
+            if proc.poll() is None:
+                proc.kill()
+
+    final = job_status(job_id, env)
+    assert final["ray_status"] == "STOPPED" and final["job_status"] == "stopped"
+    assert final["lost"] == 0 and final["in_flight"] == 0 and final["consumed"] > 0
+
+
+def _watch_and_stop(head, job_id, env, monitor, steps, logs, output):
     wait_for("the monitor's first step", lambda: steps)
 
     stats = json.loads(rlsys("ledger", "stats", "--job", job_id, "--json", env=env).stdout)
@@ -138,10 +151,6 @@ def test_a_submitted_job_is_watched_and_stopped_from_the_users_shell(head, pg_da
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     driver = "".join(output)
     assert "step    1" in driver and "stopped" in driver
-
-    final = job_status(job_id, env)
-    assert final["ray_status"] == "STOPPED" and final["job_status"] == "stopped"
-    assert final["lost"] == 0 and final["in_flight"] == 0 and final["consumed"] > 0
 
 
 def _running(job_id: str, env: dict[str, str]) -> dict | None:
