@@ -60,6 +60,18 @@ def free_port() -> int:
 @contextmanager
 def start_head(num_cpus: int = 4) -> Iterator[RayHead]:
     gcs, dash, metrics = free_port(), free_port(), free_port()
+    # Every port its own: the defaults (the agent's 52365, the client server's 10001, ...) may
+    # be held by another Ray cluster on the machine, and a job agent that cannot bind makes
+    # the Jobs API refuse every job.
+    own_ports = [
+        f"--{flag}={free_port()}"
+        for flag in (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "ray-client-server-port",
+        )
+    ]
     token = secrets.token_hex(32)
     env = {k: v for k, v in os.environ.items() if k not in CALLER_VARS}
     env.update(
@@ -77,6 +89,7 @@ def start_head(num_cpus: int = 4) -> Iterator[RayHead]:
             f"--dashboard-port={dash}",
             "--dashboard-host=127.0.0.1",
             f"--metrics-export-port={metrics}",
+            *own_ports,
             f"--num-cpus={num_cpus}",
             "--disable-usage-stats",
             "--block",

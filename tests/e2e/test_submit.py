@@ -59,10 +59,10 @@ def follow(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen, list[str]
     return proc, lines
 
 
-def wait_for(what: str, check, timeout: float = 240, every: float = 1.0):
+def wait_for(what: str, check, timeout: float = 480, every: float = 1.0, seen=lambda: ""):
     deadline = time.monotonic() + timeout
     while not (result := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {seen()}"
         time.sleep(every)
     return result
 
@@ -102,7 +102,8 @@ def test_a_submitted_job_is_watched_and_stopped_from_the_users_shell(head, pg_da
     job_id = sub.stdout.strip().splitlines()[-1]
     assert job_id.startswith("j-")
 
-    running = wait_for("the job to run", lambda: _running(job_id, env))
+    last: list[str] = []
+    running = wait_for("the job to run", lambda: _running(job_id, env, last), seen=lambda: last)
     assert running["ray_status"] == "RUNNING"
     monitor, steps = follow(
         "monitor", "--job", job_id, "--follow", "--json", "--interval", "0.5", env=env
@@ -121,7 +122,7 @@ def test_a_submitted_job_is_watched_and_stopped_from_the_users_shell(head, pg_da
 
 
 def _watch_and_stop(head, job_id, env, monitor, steps, logs, output):
-    wait_for("the monitor's first step", lambda: steps)
+    wait_for("the monitor's first step", lambda: steps, seen=lambda: "".join(output)[-2000:])
 
     stats = json.loads(rlsys("ledger", "stats", "--job", job_id, "--json", env=env).stdout)
     assert stats["job_status"] == "running" and stats["expected"] > 0
@@ -129,7 +130,8 @@ def _watch_and_stop(head, job_id, env, monitor, steps, logs, output):
     exported = wait_for(
         "the job's metrics on the Prometheus endpoint",
         lambda: (m := scrape(head, job_id)).get("ray_rlsys_policy_version", 0) >= 1 and m,
-        timeout=60,
+        timeout=120,
+        seen=lambda: "".join(output)[-2000:],
     )
     for name in (
         "ray_rlsys_rollouts_in_flight",
@@ -153,8 +155,9 @@ def _watch_and_stop(head, job_id, env, monitor, steps, logs, output):
     assert "step    1" in driver and "stopped" in driver
 
 
-def _running(job_id: str, env: dict[str, str]) -> dict | None:
+def _running(job_id: str, env: dict[str, str], last: list[str]) -> dict | None:
     res = rlsys("jobs", "status", job_id, "--json", env=env)
+    last[:] = [res.stdout[-500:], res.stderr[-500:]]
     if res.returncode != 0:  # the driver has not created the job's ledger row yet
         return None
     out = json.loads(res.stdout)
