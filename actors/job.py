@@ -19,10 +19,13 @@ import ray
 from rlsys.actors.admission import AdmissionActor
 from rlsys.actors.controller import Controller, JobHandles
 from rlsys.actors.engine_replica import EngineReplica
+from rlsys.actors.job_reporting import JobReporting
 from rlsys.actors.rollout_worker import RolloutWorker
 from rlsys.actors.runtime import init_ray
 from rlsys.actors.trainer_actor import TrainerActor
 from rlsys.config.job import JobConfig
+from rlsys.config.locations import resolve_ledger_url
+from rlsys.ledger.db import redact
 from rlsys.ledger.queries import stats
 from rlsys.ledger.store import Ledger
 from rlsys.ledger.stream import open_stream
@@ -31,7 +34,8 @@ STOP_REQUESTED = "stopping"
 
 
 def ledger_url_for(cfg: JobConfig) -> str:
-    return cfg.store.ledger_url or f"sqlite:///{Path(cfg.store.run_root) / 'ledger.db'}"
+    """`store.ledger_url`, else RLSYS_LEDGER_URL, else RUN_ROOT/ledger.db (as every command)."""
+    return resolve_ledger_url(cfg.store.ledger_url, run_root=cfg.store.run_root)
 
 
 def _stream_url(cfg: JobConfig, job_id: str) -> str:
@@ -63,7 +67,7 @@ def run_job(
         job_id = ledger.create_job(cfg.name, json.loads(cfg.model_dump_json()), job_id=job_id)
     run_dir = Path(cfg.store.run_root) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    on_event(f"job {job_id}: ledger {ledger_url_for(cfg)}")
+    on_event(f"job {job_id}: ledger {redact(ledger_url_for(cfg))}")
     stream = open_stream(_stream_url(cfg, job_id))
     logical = (
         cfg.engine.replicas * cfg.engine.num_cpus
@@ -74,7 +78,9 @@ def run_job(
     cfg_dict = json.loads(cfg.model_dump_json())
     checkpoint = run_dir / "checkpoint"
     handles: JobHandles | None = None
+    reporting: JobReporting | None = None
     try:
+        reporting = JobReporting.open(cfg, job_id, ledger, run_dir, on_event)
         trainer = TrainerActor.options(
             num_cpus=cfg.trainer.num_cpus, num_gpus=cfg.trainer.num_gpus
         ).remote(cfg_dict, str(checkpoint) if resume else None)
@@ -114,7 +120,7 @@ def run_job(
             run_dir=run_dir,
             start_step=start["step"],
             start_version=start["version"],
-            on_step=on_step,
+            on_step=reporting.wrap(on_step),
             should_stop=lambda: _stop_requested(ledger, job_id),
         )
         controller.broadcast_weights()
@@ -133,6 +139,8 @@ def run_job(
         )
         return out
     finally:
+        if reporting is not None:
+            reporting.end()
         if handles is not None:
             for actor in [
                 *handles.workers.values(),

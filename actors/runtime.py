@@ -7,6 +7,10 @@ Local runs use `ray.init(address="local")`, which starts a private cluster on fr
 from __future__ import annotations
 
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ray
 
@@ -20,16 +24,31 @@ def init_ray(address: str | None = None, *, logical_cpus: float = 0) -> None:
     if ray.is_initialized():
         return
     target = address or os.environ.get("RAY_ADDRESS")
-    if target and target != "local":
-        ray.init(address=target, log_to_driver=False)
+    with _callers_sigterm_handler():
+        if target and target != "local":
+            ray.init(address=target, log_to_driver=False)
+            return
+        ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, int(logical_cpus + 0.999)),
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+
+
+@contextmanager
+def _callers_sigterm_handler() -> Iterator[None]:
+    # ray.init makes SIGTERM `sys.exit`, which would end a job as failed; `rlsys run` turns
+    # SIGTERM (what `ray job stop` sends) into a graceful stop, so its handler is put back.
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    ray.init(
-        address="local",
-        num_cpus=max(os.cpu_count() or 1, int(logical_cpus + 0.999)),
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, handler)
 
 
 def shutdown_ray() -> None:

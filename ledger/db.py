@@ -1,7 +1,8 @@
 """Opening a ledger database: URL resolution, engine set-up, reachability.
 
 Invariants:
-- the URL comes from `--db`, else `RLSYS_LEDGER_URL`, else the run root's SQLite file;
+- the URL comes from `--db`, else `RLSYS_LEDGER_URL`, else the run root's SQLite file
+  (`rlsys.config.locations`, the one rule every command applies);
 - opening for reading never creates a file or a table (`must_exist=True`), so a typo in a
   path is an error, not an empty ledger;
 - SQLite runs in WAL mode with a busy timeout, and a write transaction takes the write lock
@@ -11,18 +12,15 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
+from rlsys.config.locations import resolve_ledger_url
 from rlsys.ledger.errors import LedgerUnreachable, LedgerUrlError
 
-LEDGER_URL_ENV = "RLSYS_LEDGER_URL"
-RUN_ROOT_ENV = "RLSYS_RUN_ROOT"
-DEFAULT_RUN_ROOT = "runs"
 WRITE_OPTION = "rlsys_write"
 
 _DRIVERS = {
@@ -32,18 +30,9 @@ _DRIVERS = {
 }
 
 
-def default_run_root() -> Path:
-    """The run root: `RLSYS_RUN_ROOT`, else ./runs."""
-    return Path(os.environ.get(RUN_ROOT_ENV, DEFAULT_RUN_ROOT))
-
-
 def resolve_url(explicit: str | None = None) -> str:
-    """The ledger URL by precedence: explicit, environment, run root's SQLite file."""
-    if explicit:
-        return explicit
-    if os.environ.get(LEDGER_URL_ENV):
-        return os.environ[LEDGER_URL_ENV]
-    return f"sqlite:///{default_run_root() / 'ledger.db'}"
+    """A reader's ledger URL: explicit, else `RLSYS_LEDGER_URL`, else the run root's file."""
+    return resolve_ledger_url(explicit)
 
 
 def redact(url: str) -> str:

@@ -33,6 +33,8 @@ OWNERS = {
     "redis": ("ledger/",),
     "triton": ("kernels/",),
     "docker": ("sandboxes/docker",),
+    "wandb": ("rlsys/tracking/",),
+    "mlflow": ("rlsys/tracking/",),
 }
 
 # Import name -> modules that must not be loaded by importing it (and all its modules).
@@ -47,6 +49,7 @@ FORBIDDEN_AT_IMPORT = {
     "rlsys.algo": {"ray", "sqlalchemy", "redis", "docker"},
     "rlsys.ledger": {"torch", "ray", "docker"},
     "rlsys.sandboxes": {"torch", "ray", "sqlalchemy", "redis"},
+    "rlsys.tracking": {"torch", "ray", "sqlalchemy", "redis", "wandb", "mlflow"},
 }
 
 

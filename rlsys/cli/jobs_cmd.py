@@ -1,21 +1,52 @@
-"""`rlsys jobs list|status|stop`: jobs as the ledger knows them (and Ray, when submitted).
+"""`rlsys jobs list|status|stop|logs`: jobs as the ledger knows them, and as Ray does when
+they were submitted to a cluster.
 
-`stop` asks a running job to stop: the ledger row is set to `stopping`, the job's
-controller sees it within a second, cancels its in-flight rollouts and ends the job as
-`stopped`. With `--address`, the Ray job of a submitted run is stopped too.
+The ledger is found by the one rule (`--db`, else `RLSYS_LEDGER_URL`, else the run root's
+SQLite file); the cluster by Ray's (`--address`, else `RAY_API_SERVER_ADDRESS`, else
+`RAY_ADDRESS`). A job the cluster does not know (a local run) is served by the ledger alone.
+
+`stop` of a job running on the cluster asks Ray to stop it: Ray sends its driver SIGTERM,
+the driver cancels the in-flight rollouts and ends the job as `stopped` in the ledger, and
+Ray records it STOPPED. Any other running job is asked through the ledger: its row is set
+to `stopping` and its controller sees that within a second. Either way a rollout in flight
+ends `cancelled`, and `lost` stays 0.
 """
 
 from __future__ import annotations
 
+import time
+from types import ModuleType
+from typing import Any
+
 import click
 
+from rlsys.cli.cluster_address import ADDRESS_HELP, cluster_address, require_cluster_address
 from rlsys.cli.errors import UserError
 from rlsys.cli.ledger_cmd import DB_HELP, _reader
+
+LIVE = ("running", "stopping")
+
+
+def _ray_jobs() -> ModuleType:
+    """The Jobs API helpers, with token auth decided before Ray is imported."""
+    from rlsys.cli.ray_auth import enable_token_auth_if_available
+
+    enable_token_auth_if_available()
+    from rlsys.actors import submit
+
+    return submit
+
+
+def _on_cluster(address: str, call: Any, *args: Any) -> Any:
+    try:
+        return call(address, *args)
+    except ConnectionError as err:
+        raise UserError(f"cannot reach the Ray Jobs API at {address}: {err}") from err
 
 
 @click.group()
 def jobs() -> None:
-    """List jobs, show one job's accounting, or stop a running job."""
+    """List jobs, show one job's accounting, stop a running job, or show its output."""
 
 
 @jobs.command("list")
@@ -41,26 +72,23 @@ def list_(db: str | None, as_json: bool) -> None:
 @jobs.command()
 @click.argument("job_id")
 @click.option("--db", default=None, help=DB_HELP)
-@click.option("--address", default=None, help="Ray dashboard address of a submitted job.")
+@click.option("--address", default=None, help=ADDRESS_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def status(job_id: str, db: str | None, address: str | None, as_json: bool) -> None:
-    """A job's status and accounting (expected, consumed, dropped, lost, drop rate)."""
+    """A job's status and accounting (expected, consumed, dropped, lost, drop rate), and
+    Ray's status of it (`ray_status`, null when the cluster has no such job)."""
     from rlsys.cli.render import print_json, print_table
     from rlsys.ledger.queries import stats
 
     out: dict = {}
+    address = cluster_address(address)
     if address:
-        from rlsys.cli.ray_auth import enable_token_auth_if_available
-
-        enable_token_auth_if_available()
-        from rlsys.actors.submit import submitted_status
-
-        out["ray_status"] = submitted_status(address, job_id)
+        out["ray_status"] = _on_cluster(address, _ray_jobs().submitted_status, job_id)
     try:
         with _reader(db) as ledger:
             out.update(stats(ledger, job_id))
     except UserError:
-        if not address:
+        if out.get("ray_status") is None:
             raise
     if as_json:
         print_json(out)
@@ -73,8 +101,10 @@ def status(job_id: str, db: str | None, address: str | None, as_json: bool) -> N
 @jobs.command()
 @click.argument("job_id")
 @click.option("--db", default=None, help=DB_HELP)
-@click.option("--address", default=None, help="Ray dashboard address of a submitted job.")
-def stop(job_id: str, db: str | None, address: str | None) -> None:
+@click.option("--address", default=None, help=ADDRESS_HELP)
+@click.option("--wait", is_flag=True, help="Wait until the ledger shows the job ended.")
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds --wait waits.")
+def stop(job_id: str, db: str | None, address: str | None, wait: bool, timeout: float) -> None:
     """Ask a running job to stop; its in-flight rollouts end as `cancelled`."""
     from rlsys.ledger.store import Ledger
 
@@ -83,16 +113,45 @@ def stop(job_id: str, db: str | None, address: str | None) -> None:
         url = str(reader.engine.url.render_as_string(hide_password=False))
     if job["status"] != "running":
         raise UserError(f"job {job_id} is {job['status']}, not running")
-    writer = Ledger.open(url, create=False)
-    try:
-        writer.set_job_status(job_id, "stopping")
-    finally:
-        writer.close()
-    if address:
-        from rlsys.cli.ray_auth import enable_token_auth_if_available
+    address = cluster_address(address)
+    by_ray = bool(address) and _on_cluster(address, _ray_jobs().stop_submitted, job_id)
+    if not by_ray:
+        writer = Ledger.open(url, create=False)
+        try:
+            writer.set_job_status(job_id, "stopping")
+        finally:
+            writer.close()
+    click.echo(f"stop requested for {job_id}" + (f" (Ray job on {address})" if by_ray else ""))
+    if wait:
+        click.echo(f"{job_id} {_wait_until_ended(db, job_id, timeout)}")
 
-        enable_token_auth_if_available()
-        from rlsys.actors.submit import stop_submitted
 
-        stop_submitted(address, job_id)
-    click.echo(f"stop requested for {job_id}")
+def _wait_until_ended(db: str | None, job_id: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        with _reader(db) as reader:
+            state = reader.get_job(job_id)["status"]
+        if state not in LIVE:
+            return state
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"job {job_id} is still {state} after {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+@jobs.command()
+@click.argument("job_id")
+@click.option("--address", default=None, help=ADDRESS_HELP)
+@click.option("--follow", is_flag=True, help="Keep printing the output until the job ends.")
+def logs(job_id: str, address: str | None, follow: bool) -> None:
+    """The output of a submitted job's driver (its progress lines and summary)."""
+    address = require_cluster_address(address)
+    ray_jobs = _ray_jobs()
+    if follow:
+        if _on_cluster(address, ray_jobs.submitted_status, job_id) is None:
+            raise UserError(f"the cluster at {address} has no job {job_id}")
+        _on_cluster(address, ray_jobs.follow_logs, job_id, lambda s: click.echo(s, nl=False))
+        return
+    text = _on_cluster(address, ray_jobs.job_logs, job_id)
+    if text is None:
+        raise UserError(f"the cluster at {address} has no job {job_id}")
+    click.echo(text, nl=False)

@@ -21,7 +21,7 @@ COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "model": ("rlsys.cli.model_cmd", "model"),
     "align": ("rlsys.cli.align_cmd", "align"),
     "run": ("rlsys.cli.run_cmd", "run"),
-    "submit": ("rlsys.cli.run_cmd", "submit"),
+    "submit": ("rlsys.cli.submit_cmd", "submit"),
     "jobs": ("rlsys.cli.jobs_cmd", "jobs"),
     "monitor": ("rlsys.cli.monitor_cmd", "monitor"),
 }

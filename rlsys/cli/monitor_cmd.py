@@ -1,5 +1,7 @@
-"""`rlsys monitor`: per-step staleness, log-prob drift, KL, entropy, reward, samples, drop rate,
-and the serving side at that step (admission queue depth, prefix-cache hit rate).
+"""`rlsys monitor`: per-step staleness, log-prob drift, train/inference mismatch (where
+measured), KL, entropy, reward, samples, drop rate, throughput, and the serving side at that
+step (admission queue depth, prefix-cache hit rate): the series of `rlsys.tracking.series`,
+the same that a job's trackers record.
 
 Read from the ledger (the trainer records every committed step there), so it works for any
 job in any ledger, live or finished. `--follow` polls for new steps; `--tensorboard DIR`
@@ -14,27 +16,7 @@ from typing import Any
 import click
 
 from rlsys.cli.ledger_cmd import DB_HELP, _reader
-
-SERIES = (
-    ("reward_mean", "reward"),
-    ("staleness.mean", "staleness (mean)"),
-    ("staleness.max", "staleness (max)"),
-    ("logprob_drift.mean_abs", "log-prob drift (mean |d|)"),
-    ("logprob_drift.max_abs", "log-prob drift (max |d|)"),
-    ("kl", "KL estimate"),
-    ("entropy", "entropy"),
-    ("num_samples", "samples"),
-    ("drop_rate", "drop rate"),
-    ("serving.queue_depth", "admission queue depth"),
-    ("serving.prefix_cache_hit_rate", "prefix-cache hit rate"),
-)
-
-
-def _get(m: dict[str, Any], dotted: str) -> Any:
-    node: Any = m
-    for key in dotted.split("."):
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
+from rlsys.tracking.series import SERIES, lookup, series_name
 
 
 @click.command()
@@ -79,7 +61,7 @@ def monitor(
 def _line(m: dict[str, Any]) -> str:
     parts = [f"step {m['step']:>4} v{m['policy_version']}"]
     for key, label in SERIES:
-        value = _get(m, key)
+        value = lookup(m, key)
         if value is not None:
             parts.append(
                 f"{label.split(' (')[0] if '(' not in label else label}={value:.4g}"
@@ -95,9 +77,9 @@ def _tensorboard(directory: str, steps: list[dict[str, Any]]) -> None:
     with SummaryWriter(directory) as writer:
         for m in steps:
             for key, _label in SERIES:
-                value = _get(m, key)
+                value = lookup(m, key)
                 if isinstance(value, (int, float)):
-                    writer.add_scalar(key.replace(".", "/"), value, m["step"])
+                    writer.add_scalar(series_name(key), value, m["step"])
     click.echo(f"tensorboard events: {directory}", err=True)
 
 
@@ -114,7 +96,7 @@ def _plot(path: str, steps: list[dict[str, Any]], job_id: str | None) -> None:
         ax.set_visible(False)
     for ax, (key, label) in zip(axes.flat, SERIES, strict=False):
         # a series an older job did not record is a gap, not an error
-        ys = [v if isinstance(v := _get(m, key), (int, float)) else float("nan") for m in steps]
+        ys = [v if isinstance(v := lookup(m, key), (int, float)) else float("nan") for m in steps]
         ax.plot(xs, ys, marker=".")
         ax.set_title(label)
         ax.set_xlabel("trainer step")

@@ -1,9 +1,8 @@
-"""`rlsys run CONFIG` and `rlsys submit CONFIG --address URL`.
+"""`rlsys run CONFIG`.
 
 `run` validates everything first (exit 2, nothing started, on any config error), then
 starts or joins Ray and runs the job to completion with a progress line per trainer step
-and a summary at the end. `submit` hands the same command to a Ray cluster through the
-Ray Jobs API with the working directory as the runtime environment.
+and a summary at the end. (`rlsys submit` hands the same command to a Ray cluster.)
 """
 
 from __future__ import annotations
@@ -93,34 +92,3 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         ("engine replicas dropped", ", ".join(summary.get("replicas_dropped", [])) or "none"),
     ]
     print_table("run summary", ["", "value"], rows)
-
-
-@click.command()
-@click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--address", required=True, help="Ray dashboard address, e.g. http://127.0.0.1:8265.")
-@click.option("--set", "sets", multiple=True, help=SET_HELP)
-@click.option(
-    "--wait/--no-wait", default=False, help="Wait for the job to end, then print its logs."
-)
-@click.option(
-    "--python",
-    "python",
-    default="python",
-    show_default=True,
-    help="The cluster's Python (with rlsys's dependencies) that runs the driver.",
-)
-def submit(config: str, address: str, sets: tuple[str, ...], wait: bool, python: str) -> None:
-    """Submit a job to a Ray cluster through the Ray Jobs API."""
-    from rlsys.cli.job_config import load_job_config
-
-    load_job_config(config, sets)  # validate here: a bad config never reaches the cluster
-    from rlsys.cli.ray_auth import enable_token_auth_if_available
-
-    enable_token_auth_if_available()
-    from rlsys.actors.submit import submit_job
-
-    try:
-        job_id = submit_job(address, config, sets, follow=wait, echo=click.echo, python=python)
-    except ConnectionError as err:
-        raise UserError(f"cannot reach the Ray Jobs API at {address}: {err}") from err
-    click.echo(job_id)

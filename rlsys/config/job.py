@@ -15,7 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlsys.config.algo import AlgoConfig
+from rlsys.config.locations import default_run_root
 from rlsys.config.model import PRESETS, ModelConfig
+from rlsys.config.tracking import TrackerConfig
 
 
 class _Section(BaseModel):
@@ -154,11 +156,19 @@ class TrainerSection(_Section):
 
 
 class StoreSection(_Section):
-    ledger_url: str | None = Field(None, description="Ledger URL (default: RUN_ROOT/ledger.db).")
+    ledger_url: str | None = Field(
+        None,
+        description="Ledger URL (default: $RLSYS_LEDGER_URL, else RUN_ROOT/ledger.db; "
+        "rlsys.config.locations).",
+    )
     stream_url: str = Field(
         "memory://rollouts", description="Rollout stream: memory:// or redis://."
     )
-    run_root: str = Field("runs", description="Where ledgers, checkpoints and logs live.")
+    run_root: str = Field(
+        default_factory=default_run_root,
+        description="Where ledgers, checkpoints and logs live (default: $RLSYS_RUN_ROOT, "
+        "else ./runs).",
+    )
 
 
 class JobConfig(_Section):
@@ -173,6 +183,11 @@ class JobConfig(_Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     store: StoreSection = Field(default_factory=StoreSection)
+    tracking: list[TrackerConfig] = Field(
+        default_factory=list,
+        description="Experiment trackers that get each trainer step's series, the resolved "
+        "config and the ledger's final stats (`type`: wandb, mlflow or tensorboard).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:
