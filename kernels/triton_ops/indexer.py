@@ -260,9 +260,12 @@ def _union_steps(
             pos = slot0 + s
             row = (row0 + pos - lo).to(tl.int64)
             present = (pos >= lo) & (pos < hi)
+            # compared, not combined by &: Triton 3.9's interpreter types a scalar-bool &
+            # vector-bool as int32, which it refuses as a mask
+            in_word = (w0 + w < nw_bits) & (tl.zeros([WB], tl.int32) + present.to(tl.int32) == 1)
             words |= tl.load(
                 BITS + row * sb_stride_n + g * sb_stride_g + w0 + w,
-                mask=present & (w0 + w < nw_bits),
+                mask=in_word,
                 other=0,
             )
         blocks = (w0 + w)[:, None] * 32 + bit[None, :]
