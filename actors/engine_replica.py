@@ -32,7 +32,10 @@ class EngineReplica:
         self.replica_id = replica_id
         engine_cfg = EngineConfig.from_job(cfg.engine, cfg.seed, sample_vocab=VOCAB_SIZE)
         self.engine = InferenceEngine(cfg.model.resolve(), engine_cfg)
-        self.device = engine_cfg.device if engine_cfg.tp == 1 else "cpu"
+        # where a broadcast lands: the replica's GPU (TP over NCCL: rank 0's, from which the
+        # ranks copy their shards over P2P); TP over CPU processes or threads: the host
+        gpu_tp = engine_cfg.tp_backend == "nccl"
+        self.device = engine_cfg.device if engine_cfg.tp == 1 or gpu_tp else "cpu"
         self.model_cfg = cfg.model.resolve()
         self.sync = GroupMember()
         self.plan: Any = None  # the weight-broadcast bucket plan, once needed

@@ -21,6 +21,7 @@ ORDER = [
     "gpu",
     "gpu_kernels",
     "gpu_engine",
+    "gpu_job",
 ]
 
 

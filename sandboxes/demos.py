@@ -21,12 +21,25 @@ from rlsys.sandboxes.events import NullEventSink
 from rlsys.sandboxes.replay import ReplayGenerator
 from rlsys.sandboxes.scaffold import ScaffoldConfig, run_rollout
 from rlsys.sandboxes.tasks.base import SandboxFactory, Task
+from rlsys.tokenizer import ByteTokenizer
 from rlsys.trajectory import Trajectory
 
 
 def demonstration_indices(seed: int, count: int) -> list[int]:
     rng = random.Random(f"demos:{seed}")
     return [rng.randrange(2**31) for _ in range(count)]
+
+
+def _check_turn_budget(task: str, index: int, turns: list[str], budget: int) -> None:
+    """A scripted turn longer than the generation budget would be cut and derail the
+    demonstration; say so in the config's terms instead."""
+    for turn in turns:
+        need = len(ByteTokenizer().encode(turn))
+        if need > budget:
+            raise ValueError(
+                f"a demonstration turn of {task}/{index} is {need} tokens, over the "
+                f"{budget}-token turn budget (sampling.max_tokens_per_turn): raise it"
+            )
 
 
 def make_demonstrations(
@@ -48,6 +61,7 @@ def make_demonstrations(
         instance = task.instance(index)
         slip = slips.random() < slip_rate
         turns = task.slip_turns(instance, slips) if slip else task.oracle_turns(instance)
+        _check_turn_budget(task.name, index, turns, config.max_new_tokens)
         generator = ReplayGenerator(turns)
         outcome = run_rollout(
             task,

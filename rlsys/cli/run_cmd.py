@@ -24,9 +24,15 @@ def _progress_line(m: dict[str, Any]) -> str:
         f"step {m['step']:>4}  v{m['policy_version']:<4} reward {m.get('reward_mean', 0):.3f}  "
         f"staleness {st.get('mean', 0):.2f}/{st.get('max', 0)}  "
         f"drift {dr.get('mean_abs', 0):.2e}/{dr.get('max_abs', 0):.2e}  "
+        f"{_mismatch(m.get('mismatch'))}"
         f"drop {m.get('drop_rate', 0):.3f}  samples {m.get('num_samples', 0)}  "
         f"{m.get('samples_per_s', 0):.1f} samples/s"
     )
+
+
+def _mismatch(mm: dict[str, Any] | None) -> str:
+    """The staleness-0 train/inference mismatch, where the step had fresh tokens."""
+    return "" if not mm else f"mismatch0 {mm['max_abs']:.1e} ({mm['tokens']} tok)  "
 
 
 @click.command()

@@ -198,6 +198,31 @@ PRESETS: dict[str, ModelConfig] = {
         mtp_depth=1,
         compute_dtype="bfloat16",
     ),
+    # The GPU job at real depth (issue 13): narrow and deep like the reference shape
+    # (48 blocks, 3:1 SWA : Sparse GQA, B=8, k=4096) with a byte-level vocabulary, sized so
+    # that one H200 holds its bf16 weights, fp32 master copy and Adam state with room for
+    # 32K-token sequences: `rlsys model info large` prints its total and active
+    # parameters.
+    "large": ModelConfig(
+        vocab_size=320,
+        d_model=1024,
+        n_layers=48,
+        n_heads=16,
+        n_kv_groups=4,
+        head_dim=64,
+        swa_window=512,
+        swa_tile=64,
+        sparse_block=8,
+        sparse_topk=4096,
+        sparse_query_tile=64,
+        index_dim=64,
+        n_experts=32,
+        experts_per_token=4,
+        n_shared_experts=1,
+        expert_hidden=512,
+        mtp_depth=1,
+        compute_dtype="bfloat16",
+    ),
     # The narrow-but-deep reference shape: 92 blocks, 3:1 SWA:Sparse GQA, B=8, k=4096.
     "deep-92": ModelConfig(
         vocab_size=128000,

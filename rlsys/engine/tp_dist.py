@@ -9,6 +9,9 @@ so an error on any rank surfaces in the driver.
 - nccl: rank r on `cuda:r` (the GPUs Ray gave the replica), the Triton kernels over a
   per-rank paged KV pool; the last-row logits come back to the driver's GPU (`cuda:0`) as
   an exact copy, so the sampler computes the recorded log-prob on a GPU, as the trainer.
+  New weights that arrive on a GPU (the trainer's NCCL broadcast lands on `cuda:0`) go to
+  the ranks as CUDA IPC handles, never through the host: each rank copies only its own
+  shard, GPU to GPU. The driver holds the received tensors until every rank has loaded.
 Every degree gives bitwise the TP=1 logits: whole KV groups per rank, column slices of a
 product equal the full product's columns, and the fixed 8-chunk tree (`rlsys.kernels.tp`).
 """
@@ -191,7 +194,14 @@ class DistTPRunner:
         return StepOutput(last.to(self.device), routes)
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self._all("load", {k: v.detach().cpu() for k, v in state.items()})
+        self._all("load", {k: self._shippable(v) for k, v in state.items()})
+
+    def _shippable(self, tensor: Tensor) -> Tensor:
+        """A CUDA tensor crosses the pipe as an IPC handle (rank r reads its slice from the
+        driver's GPU over P2P); anything else as host memory."""
+        if tensor.is_cuda and self.device.type == "cuda":
+            return tensor.detach()
+        return tensor.detach().cpu()
 
     def close(self) -> None:
         if not self.procs:

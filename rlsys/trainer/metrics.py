@@ -5,6 +5,12 @@ step's policy tokens, accumulated across micro-batches; staleness over the step'
 samples; `reward_mean` over every sample the step consumed (filtered ones included: a
 zero-variance group of failures is still the policy failing), `reward_mean_kept` over the
 kept ones. `as_dict` gives the JSON shape the monitor prints.
+
+`mismatch` is the train/inference mismatch where it can be read without extra work: over
+the step's tokens sampled by the trainer's current version (staleness 0), the engine's
+recorded log-prob against the trainer's recomputation with those very weights. It is
+exactly 0 when the two paths agree bitwise; absent from a step with no such token (the
+field is None, never a zero that was not measured).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class StepMetrics:
     critic_baseline: bool = False
     step_s: float = 0.0
     tokens_per_s: float = 0.0
+    mismatch: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -50,6 +57,8 @@ class StepMetrics:
             "mean_abs": d.pop("logprob_drift_mean_abs"),
             "max_abs": d.pop("logprob_drift_max_abs"),
         }
+        if d["mismatch"] is None:
+            del d["mismatch"]
         return d
 
 
@@ -67,6 +76,10 @@ class TokenSums:
     clipped: float = 0.0
     drift_abs: float = 0.0
     drift_max: float = 0.0
+    fresh_tokens: int = 0
+    fresh_abs: float = 0.0
+    fresh_max: float = 0.0
+    fresh_k3: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
     @torch.no_grad()
@@ -77,9 +90,18 @@ class TokenSums:
         entropy_P: Tensor,
         tis_cap: float,
         weighted: tuple[Tensor, Tensor, Tensor, Tensor],
+        fresh_P: Tensor | None = None,
     ) -> None:
-        """`weighted`: this micro-batch's aggregated (loss, pg, kl, critic) contributions."""
+        """`weighted`: this micro-batch's aggregated (loss, pg, kl, critic) contributions;
+        `fresh_P`: which tokens the trainer's current version sampled (staleness 0)."""
         diff = logp_P.detach() - behaviour_P
+        if fresh_P is not None and bool(fresh_P.any()):
+            d = diff[fresh_P]
+            self.fresh_tokens += int(d.numel())
+            self.fresh_abs += float(d.abs().sum())
+            self.fresh_max = max(self.fresh_max, float(d.abs().max()))
+            # k3 estimate of KL(behaviour || trainer) from the behaviour's own samples
+            self.fresh_k3 += float((torch.exp(d) - 1.0 - d).sum())
         w = torch.exp(diff)
         self.tokens += int(logp_P.numel())
         self.entropy += float(entropy_P.sum())
@@ -99,3 +121,10 @@ class TokenSums:
         m.clipped_fraction = self.clipped / n
         m.logprob_drift_mean_abs = self.drift_abs / n
         m.logprob_drift_max_abs = self.drift_max
+        if self.fresh_tokens:
+            m.mismatch = {
+                "tokens": self.fresh_tokens,
+                "mean_abs": self.fresh_abs / self.fresh_tokens,
+                "max_abs": self.fresh_max,
+                "k3_kl": self.fresh_k3 / self.fresh_tokens,
+            }

@@ -222,7 +222,8 @@ class Trainer:
         loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
         loss.backward()
         weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
-        sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted)
+        fresh_P = batch.versions_P.to(out.logp_P.device) == self.version
+        sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted, fresh_P)
 
     def _log_probs(self, model: Transformer, h_Pd: Tensor, batch: PackedBatch) -> PolicyLogProbs:
         return policy_log_probs(

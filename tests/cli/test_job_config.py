@@ -32,6 +32,21 @@ def test_gpu_example_config_is_valid_and_places_models_on_cuda(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "name, tp, gpus", [("gpu-2x.yaml", 1, 2), ("gpu-tp2.yaml", 2, 3)]
+)
+def test_gpu_job_configs_are_valid(name, tp, gpus, monkeypatch):
+    from rlsys.engine.config import EngineConfig
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # validated as on a GPU node
+    cfg = load_job_config(str(QUICKSTART.parent / name))
+    engine = EngineConfig.from_job(cfg.engine, cfg.seed)
+    assert engine.tp == tp and engine.device == "cuda"
+    assert engine.tp_backend == ("nccl" if tp > 1 else engine.tp_backend)
+    assert cfg.engine.replicas * cfg.engine.num_gpus + cfg.trainer.num_gpus == gpus
+    assert cfg.rollout.task["type"] == "code"
+
+
+@pytest.mark.parametrize(
     "sets, message",
     [
         (("engine.replicas=0",), "engine.replicas: Input should be greater than or equal to 1"),

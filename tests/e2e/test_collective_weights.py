@@ -28,6 +28,7 @@ def test_broadcast_weights_are_bitwise_the_trainers(tiny_job):
     for m in summary["steps"]:
         assert m["staleness"]["max"] == 0
         assert m["logprob_drift"]["max_abs"] == 0.0, m["logprob_drift"]
+        assert m["mismatch"]["max_abs"] == 0.0 and m["mismatch"]["tokens"] > 0, m["mismatch"]
 
 
 def test_a_replica_killed_mid_run_is_dropped_from_the_group(tiny_job):

@@ -28,3 +28,31 @@ def test_tp2_over_nccl_is_bitwise_the_trainers_tp1_forward() -> None:
     for row in rows:
         assert row.num_tokens > 0 and row.max_abs_logprob_diff == 0.0, row
     assert rows[1].prefix_cache_hit_tokens > 0 and rows[1].max_batch_rows > 1
+
+
+def test_tp2_replica_loads_weights_received_on_its_gpu() -> None:
+    """A weight update that arrives on the GPU (as the trainer's NCCL broadcast does) goes
+    to the ranks GPU to GPU and serves bitwise what TP=1 serves with the same weights."""
+    from rlsys.engine.api import GenerationRequest
+    from rlsys.engine.engine import InferenceEngine
+    from rlsys.model import Transformer
+
+    cfg = preset("medium")
+    torch.manual_seed(11)
+    state = {k: v.to("cuda") for k, v in Transformer(cfg).state_dict().items()}
+    base = EngineConfig(device="cuda", max_context_tokens=256, max_running=4)
+    one = InferenceEngine(cfg, base)
+    two = InferenceEngine(cfg, base.model_copy(update={"tp": 2, "tp_backend": "nccl"}))
+    try:
+        sampling = SamplingParams(max_tokens=12, top_p=0.9, seed=3)
+        results = []
+        for engine in (one, two):
+            engine.update_weights(state, 5)
+            req = GenerationRequest("r", "r", list(range(40, 90)), sampling)
+            results.append(engine.generate(req))
+        a, b = results
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert b.versions == [5] * len(b.token_ids)
+    finally:
+        one.close()
+        two.close()

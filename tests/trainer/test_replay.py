@@ -24,6 +24,21 @@ def test_staleness_zero_recomputed_log_probs_equal_behaviour_bitwise(dtype: str)
     m = result.metrics
     assert m.mean_importance_weight == 1.0 and m.clipped_fraction == 0.0
     assert m.logprob_drift_max_abs == 0.0 and m.staleness_max == 0
+    assert m.mismatch is not None and m.mismatch["tokens"] == m.num_policy_tokens
+    assert m.mismatch["max_abs"] == 0.0 and m.mismatch["k3_kl"] == 0.0
+
+
+def test_mismatch_reads_the_staleness_zero_tokens_only() -> None:
+    model = tiny_model()
+    trajs = engine_trajectories(model, groups=2)
+    trainer = make_trainer(model, replay_experts="off")
+    for seg in trajs[0].segments:  # one rollout's recorded log-probs off by a known amount
+        seg.logprobs = [lp - 0.25 for lp in seg.logprobs] if seg.logprobs else seg.logprobs
+    m = trainer.train_step(trajs).metrics
+    assert m.mismatch is not None and m.mismatch["max_abs"] == pytest.approx(0.25, abs=1e-5)
+    assert m.mismatch["k3_kl"] > 0.0
+    # the next step's samples come from version 0 while the trainer holds 1: no fresh token
+    assert trainer.train_step(engine_trajectories(model, groups=2)).metrics.mismatch is None
 
 
 def test_micro_batches_and_lm_head_chunks_do_not_change_log_probs() -> None:
