@@ -31,9 +31,7 @@ def test_gpu_example_config_is_valid_and_places_models_on_cuda(monkeypatch):
     assert EngineConfig.from_job(load_job_config(str(QUICKSTART)).engine, 0).device == "cpu"
 
 
-@pytest.mark.parametrize(
-    "name, tp, gpus", [("gpu-2x.yaml", 1, 2), ("gpu-tp2.yaml", 2, 3)]
-)
+@pytest.mark.parametrize("name, tp, gpus", [("gpu-2x.yaml", 1, 2), ("gpu-tp2.yaml", 2, 3)])
 def test_gpu_job_configs_are_valid(name, tp, gpus, monkeypatch):
     from rlsys.engine.config import EngineConfig
 
