@@ -20,7 +20,7 @@ SERIES: tuple[tuple[str, str], ...] = (
     ("mismatch.mean_abs", "train/inference mismatch (mean |d|)"),
     ("mismatch.max_abs", "train/inference mismatch (max |d|)"),
     ("mismatch.k3_kl", "train/inference mismatch (k3 KL)"),
-    ("kl", "KL estimate"),
+    ("kl", "KL estimate (to the reference, else behaviour -> current, k3)"),
     ("entropy", "entropy"),
     ("num_samples", "samples"),
     ("drop_rate", "drop rate"),

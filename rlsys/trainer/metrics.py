@@ -11,6 +11,11 @@ the step's tokens sampled by the trainer's current version (staleness 0), the en
 recorded log-prob against the trainer's recomputation with those very weights. It is
 exactly 0 when the two paths agree bitwise; absent from a step with no such token (the
 field is None, never a zero that was not measured).
+
+`kl` is the KL to the reference policy where the job has one (`kl_source: reference`);
+without one it is the k3 estimate of KL(behaviour || current) over the step's policy
+tokens (`kl_source: behaviour`), which costs nothing extra and is 0 only where the policy
+that sampled equals the one being trained.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class StepMetrics:
     reward_mean_kept: float = 0.0
     grad_norm: float = 0.0
     grad_clamp_clipped: int = 0
+    kl_source: str = "behaviour"
     critic_loss: float = 0.0
     critic_baseline: bool = False
     step_s: float = 0.0
@@ -80,6 +86,8 @@ class TokenSums:
     fresh_abs: float = 0.0
     fresh_max: float = 0.0
     fresh_k3: float = 0.0
+    behaviour_k3: float = 0.0
+    has_reference: bool = False
     extra: dict[str, float] = field(default_factory=dict)
 
     @torch.no_grad()
@@ -109,6 +117,7 @@ class TokenSums:
         self.clipped += float((w > tis_cap).sum())
         self.drift_abs += float(diff.abs().sum())
         self.drift_max = max(self.drift_max, float(diff.abs().max())) if diff.numel() else 0.0
+        self.behaviour_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
         for name, value in zip(("loss", "pg", "kl", "critic"), weighted, strict=True):
             setattr(self, name, getattr(self, name) + float(value))
 
@@ -116,6 +125,9 @@ class TokenSums:
         n = max(self.tokens, 1)
         m.num_policy_tokens = self.tokens
         m.loss, m.pg_loss, m.kl, m.critic_loss = self.loss, self.pg, self.kl, self.critic
+        m.kl_source = "reference" if self.has_reference else "behaviour"
+        if not self.has_reference:
+            m.kl = self.behaviour_k3 / n
         m.entropy = self.entropy / n
         m.mean_importance_weight = self.weight / n
         m.clipped_fraction = self.clipped / n

@@ -151,7 +151,7 @@ class Trainer:
             self.reference = _frozen_copy(self.model)
         clamp_before = _clamped(self.model)
 
-        sums = TokenSums()
+        sums = TokenSums(has_reference=self.reference is not None)
         total_rows = sum(b.num_tokens for b in batches)
         # The model's auxiliary losses are sums of per-sequence terms: averaging them over
         # the step's sequences keeps the step independent of the micro-batch split.

@@ -37,6 +37,8 @@ def test_mismatch_reads_the_staleness_zero_tokens_only() -> None:
     m = trainer.train_step(trajs).metrics
     assert m.mismatch is not None and m.mismatch["max_abs"] == pytest.approx(0.25, abs=1e-5)
     assert m.mismatch["k3_kl"] > 0.0
+    # no reference policy (kl_coef 0): `kl` is the behaviour -> current k3, not a 0 unread
+    assert m.kl_source == "behaviour" and m.kl > 0.0
     # the next step's samples come from version 0 while the trainer holds 1: no fresh token
     assert trainer.train_step(engine_trajectories(model, groups=2)).metrics.mismatch is None
 

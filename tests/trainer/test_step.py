@@ -113,6 +113,8 @@ def test_kl_to_the_reference_starts_at_zero_and_grows() -> None:
         kls.append(trainer.train_step(trajs).metrics.kl)
     assert kls[0] == pytest.approx(0.0, abs=1e-7)
     assert kls[-1] > 1e-5
+    fresh = engine_trajectories(model, version=trainer.version, seed=9)
+    assert trainer.train_step(fresh).metrics.kl_source == "reference"
 
 
 def test_critic_pretrains_then_becomes_the_baseline() -> None:
