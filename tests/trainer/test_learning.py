@@ -1,12 +1,17 @@
 """The learning check (issue 6): on the quickstart's tool-use task, with trajectories the real
 engine generates, RL raises the mean reward of a held-out evaluation, and the zero-center
-projection does not make it worse.
+RL steps use the zero-center projection (the job's default).
 
 It runs `benchmarks/learn_arithmetic.py`'s loop (no Ray, staleness 0): one supervised warm
 start on demonstrations from a slipping demonstrator (30% of them forget the addend or use
-the wrong operator), then, from those same weights, 12 RL steps of 8 groups x 4 rollouts at
-lr 2e-4 with the projection on and again with it off, each evaluated on 128 held-out
-instances before and after.
+the wrong operator), then 12 RL steps of 8 groups x 4 rollouts at lr 2e-4, evaluated on 128
+held-out instances before and after.
+
+The arm without the projection that this test used to run as well is gone: in fp32 on
+this task the two arms ended alike (0.805 both), so it could not fail for the projection's
+sake and cost a third of the test's time; what the projection buys is measured where low
+precision breaks the zero-sum logit gradient (issue 15), and `learn_arithmetic.py
+--zero-center off` still runs that arm by hand.
 
 Why a slipping demonstrator: an oracle-only warm start leaves RL a headroom that depends on
 where a fixed number of Adam steps happens to land, and that moved with the CPU (the same
@@ -18,7 +23,7 @@ Not bitwise reproducible run to run: the engine samples from per-request seeded 
 but CPU training's threaded backward reductions vary in the last bits, so two runs of the
 same code on the 2-core box gave 0.625 -> 0.859 and 0.586 -> 0.805 (with the projection);
 the bounds leave room for that and for another CPU's rounding. About 10 minutes on a
-2-core CPU.
+2-core CPU before the second arm was dropped.
 """
 
 from __future__ import annotations
@@ -53,8 +58,7 @@ def runs() -> dict[str, dict]:
     harness = _harness()
     args = harness.parser().parse_args(ARGS)
     warm = harness.warm_start(args)
-    on = harness.reinforce(args, warm, "on")
-    return {"on": on, "off": harness.reinforce(args, warm, "off", before=on["before"])}
+    return {"on": harness.reinforce(args, warm, "on")}
 
 
 def test_the_warm_start_leaves_rl_headroom(runs: dict[str, dict]) -> None:
@@ -65,9 +69,3 @@ def test_the_warm_start_leaves_rl_headroom(runs: dict[str, dict]) -> None:
 def test_rl_raises_the_held_out_reward(runs: dict[str, dict]) -> None:
     r = runs["on"]
     assert r["after"] >= r["before"] + 0.08, r
-
-
-def test_zero_center_is_not_worse(runs: dict[str, dict]) -> None:
-    """From one warm start, with the same seeded samples: the projection's run must end no
-    more than 0.05 below the run without it."""
-    assert runs["on"]["after"] >= runs["off"]["after"] - 0.05, runs
