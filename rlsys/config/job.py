@@ -162,8 +162,23 @@ class StoreSection(_Section):
         "rlsys.config.locations).",
     )
     stream_url: str = Field(
-        "memory://rollouts", description="Rollout stream: memory:// or redis://."
+        "local://",
+        description="Rollout stream: local:// (a SQLite file in the job's run directory, "
+        "shared by every process of this machine), sqlite:///PATH, or redis://HOST:PORT/DB "
+        "(a cluster). Workers and the trainer run in separate processes, so an in-process "
+        "memory:// stream cannot carry a job.",
     )
+
+    @model_validator(mode="after")
+    def _cross_process_stream(self) -> StoreSection:
+        schemes = ("local://", "sqlite://", "redis://", "rediss://", "unix://")
+        if not self.stream_url.startswith(schemes):
+            raise ValueError(
+                f"store.stream_url {self.stream_url!r}: must start with one of "
+                f"{', '.join(schemes)} (workers and the trainer are separate processes)"
+            )
+        return self
+
     run_root: str = Field(
         default_factory=default_run_root,
         description="Where ledgers, checkpoints and logs live (default: $RLSYS_RUN_ROOT, "
