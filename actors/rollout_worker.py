@@ -26,6 +26,7 @@ import ray
 
 from rlsys.actors.handles import ReplicaGenerator, SchedulerProxy
 from rlsys.actors.ledger_sink import LedgerEventBuffer
+from rlsys.actors.messages import Assignment, RolloutReport
 from rlsys.ledger.records import Transition
 from rlsys.ledger.store import Ledger
 from rlsys.rollout.client import AdmittedGenerator
@@ -74,12 +75,12 @@ class RolloutWorker:
     def ready(self) -> str:
         return self.worker_id
 
-    def run(self, assignment: dict[str, Any]) -> dict[str, Any]:
+    def run(self, a: Assignment) -> RolloutReport:
         """Run one planned rollout to `scored` (its trajectory published to the stream) or a
         failed state; returns its id, state and reward, never the trajectory."""
         from rlsys.sandboxes.scaffold import run_rollout
 
-        rid = assignment["rollout_id"]
+        rid = a.rollout_id
         sink = LedgerEventBuffer(rid, self.job_id)
         self.ledger.apply(
             [
@@ -91,14 +92,14 @@ class RolloutWorker:
         started = time.time()
         outcome = run_rollout(
             self.task,
-            assignment["task_index"],
+            a.task_index,
             generator,
             config=self.scaffold,
             sink=sink,
             open_sandbox=self.open_sandbox,
             rollout_id=rid,
-            group_id=assignment["group_id"],
-            session_id=assignment["session_id"],
+            group_id=a.group_id,
+            session_id=a.session_id,
         )
         traj = outcome.trajectory
         versions = [
@@ -119,7 +120,7 @@ class RolloutWorker:
         traj.metadata["wall_s"] = time.time() - started
         entry = self.stream.publish(rid, pickle.dumps(traj)) if state is S.SCORED else None
         self.ledger.apply([Transition(rid, state, reason=reason, updates=updates)], sink.drain())
-        return {"rollout_id": rid, "state": state.value, "entry_id": entry}
+        return RolloutReport(rid, state.value, entry)
 
     def close(self) -> None:
         self._stop.set()

@@ -102,6 +102,10 @@ class TrainerActor:
         out["entries"] = self.inbox.entry_ids(rollout_ids)
         return out
 
+    def held(self) -> list[str]:
+        """Rollout ids whose entries this trainer holds, unacknowledged."""
+        return list(self.inbox.entries)
+
     def commit(self, rollout_ids: list[str], discard: list[str]) -> int:
         """The ledger holds the step's outcome: acknowledge its entries (and dead ones)."""
         return self.inbox.commit(rollout_ids) + self.inbox.discard(discard)
