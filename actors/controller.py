@@ -47,6 +47,7 @@ from rlsys.ledger.store import Ledger
 from rlsys.types import RolloutState as S
 
 MAX_UNSTEPPED_BATCHES = 10
+MAX_STEP_ERRORS = 8
 # A step's trajectories are in the stream before their workers report them scored, so the
 # trainer finds them at once; the bound only turns a lost entry into an error, not a hang.
 STREAM_WAIT_S = 300.0
@@ -108,6 +109,8 @@ class Controller:
         self.stats = RunStats(redelivered=start.redelivered)
         self.samples = 0
         self.unstepped = 0
+        self.step_errors = 0
+        self.unacked: list[str] = []  # committed in the ledger, ack not yet confirmed
         self._stop_checked = 0.0
         self._adopt(start)
 
@@ -198,12 +201,19 @@ class Controller:
         except RayActorError:
             self._on_trainer_death()
             return
+        except RayTaskError as err:
+            self._retry_step(err)
+            return
+        self.step_errors = 0
         self.train_ref, self.train_batch = None, []
         self.step, self.version = next_step, report.version
         self.planner.version = self.version
+        metrics = self._step_metrics(report, len(batch)) if report.stepped else None
+        if metrics is not None:
+            self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
         self.stats.stale_filtered += self.committer.commit(batch, report.filtered, self.version)
         self._ack(batch)
-        if not report.stepped:
+        if metrics is None:
             # Everything was filtered: no new version, nothing to publish. A run of such
             # batches means no learning signal at all; end loudly instead of spinning.
             self.unstepped += 1
@@ -215,21 +225,40 @@ class Controller:
                 )
             return
         self.unstepped = 0
-        self._report_step(report, len(batch))
+        self.broadcast_weights()
+        self.stats.steps.append(metrics)
+        self.on_step({**metrics, "job_id": self.job_id})
+
+    def _retry_step(self, err: RayTaskError) -> None:
+        """The step raised inside a live trainer (e.g. the stream unreachable for a while):
+        the trainer still holds what it read, so the same step is asked again, after a
+        backoff; a persistent error ends the job."""
+        self.step_errors += 1
+        if self.step_errors > MAX_STEP_ERRORS:
+            raise RuntimeError(f"the trainer's step failed {MAX_STEP_ERRORS} times") from err
+        time.sleep(min(10.0, 0.5 * 2 ** (self.step_errors - 1)))
+        self.train_ref = self.h.trainer.step.remote(self.train_batch, STREAM_WAIT_S)
 
     def _ack(self, batch: list[str]) -> None:
-        """The ledger holds the step: the trainer may now acknowledge its entries."""
+        """The ledger holds the step: the trainer may now acknowledge its entries. An ack
+        that fails (the stream unreachable) is retried with the next one: until then the
+        entries stay pending, which delays trimming but loses nothing."""
+        unacked, self.unacked = self.unacked + batch, []
         discard, self.discard = self.discard, []
         try:
-            ray.get(self.h.trainer.commit.remote(batch, discard))
+            ray.get(self.h.trainer.commit.remote(unacked, discard))
         except RayActorError:
-            # The checkpoint records the step's entries: the next trainer acks them.
+            # The checkpoint records the step's entries: the next trainer acks them; older
+            # unacked ones are redelivered to it and acked at its first commit.
+            self.unacked = [r for r in unacked if r not in batch]
             self._on_trainer_death()
+        except RayTaskError:
+            self.unacked, self.discard = unacked, discard + self.discard
 
-    def _report_step(self, report: StepReport, samples: int) -> None:
+    def _step_metrics(self, report: StepReport, samples: int) -> dict[str, Any]:
         elapsed = time.time() - self.stats.started
         self.samples += samples
-        metrics = {
+        return {
             **report.metrics,
             "step": self.step,
             "policy_version": self.version,
@@ -237,10 +266,6 @@ class Controller:
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
             "serving": serving_metrics(self.h.admission, self.h.replicas),
         }
-        self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
-        self.broadcast_weights()
-        self.stats.steps.append(metrics)
-        self.on_step({**metrics, "job_id": self.job_id})
 
     @property
     def _checkpoint(self) -> Path:

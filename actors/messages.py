@@ -72,4 +72,6 @@ class TrainerPosition:
     consumed_rollouts: list[str] = field(default_factory=list)
     consumed_entries: list[str] = field(default_factory=list)
     filtered: list[Filtered] = field(default_factory=list)
+    stepped: bool = False  # the checkpointed batch made an optimiser step
+    metrics: dict[str, Any] = field(default_factory=dict)  # that step's trainer metrics
     redelivered: int = 0

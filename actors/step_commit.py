@@ -3,11 +3,14 @@
 The order of one step, and why (the stream's entries are acked by the trainer only after
 `commit` here returns):
 1. `buffer`: the batch's rollouts move `scored -> buffered` before the trainer is asked;
-2. the trainer steps and checkpoints, recording the batch (`checkpoint_position`);
-3. `commit`: each rollout ends `trained` (or the filtered state the trainer named) in one
-   ledger write; only then are the stream entries acked.
-A crash between 2 and 3 leaves a checkpoint ahead of the ledger: `recover` ends the
-rollouts that checkpoint consumed, so they are neither trained again nor left live.
+2. the trainer steps and checkpoints, recording the batch and the step's metrics
+   (`checkpoint_position`);
+3. the step's row is recorded (idempotent), then `commit`: each rollout ends `trained` (or
+   the filtered state the trainer named) in one ledger write; only then are the stream
+   entries acked.
+A crash between 2 and 3 leaves a checkpoint ahead of the ledger: `recover` records the
+step and ends the rollouts that checkpoint consumed, so they are neither trained again
+nor left live, and the ledger's steps stay contiguous.
 A crash before 2 leaves them `buffered` with their entries pending: the step is redone.
 No Ray here.
 """
@@ -44,6 +47,8 @@ class StepCommitter:
             "consumed_rollouts": list(rollout_ids),
             "consumed_entries": list(report.entries),
             "filtered": [[f.rollout_id, f.state, f.reason] for f in report.filtered],
+            "stepped": report.stepped,
+            "metrics": report.metrics,
         }
 
     def commit(self, rollout_ids: Sequence[str], filtered: Sequence[Filtered], version: int) -> int:
@@ -66,6 +71,11 @@ class StepCommitter:
         live = {S.SCORED.value, S.BUFFERED.value}
         todo = [r for r in position.consumed_rollouts if self.ledger.rollout_state(r) in live]
         if todo:
+            if position.stepped:
+                metrics = {**position.metrics, "recovered_from_checkpoint": True}
+                self.ledger.record_trainer_step(
+                    self.job_id, position.step, position.version, metrics
+                )
             for r in todo:
                 if self.ledger.rollout_state(r) == S.SCORED.value:
                     self.buffer([r])
@@ -82,5 +92,7 @@ def trainer_position(raw: dict[str, Any]) -> TrainerPosition:
         consumed_rollouts=list(stored.get("consumed_rollouts", [])),
         consumed_entries=list(stored.get("consumed_entries", [])),
         filtered=[Filtered(*f) for f in stored.get("filtered", [])],
+        stepped=bool(stored.get("stepped", False)),
+        metrics=dict(stored.get("metrics", {})),
         redelivered=int(raw.get("redelivered", 0)),
     )
