@@ -11,10 +11,9 @@ import time
 
 import pytest
 import ray
-import sqlalchemy as sa
 
-from rlsys.actors.job import actor_name, ledger_url_for, run_job
-from rlsys.ledger.store import Ledger
+from rlsys.actors.job import actor_name, run_job
+from tests.e2e.accounting import assert_trained_exactly_once
 from tests.e2e.services import (
     RedisServer,
     require_redis_server,
@@ -45,33 +44,6 @@ def chaos_job(tiny_job, pg_database_url, redis_server):
         )
 
     return make
-
-
-def assert_trained_exactly_once(cfg, summary, steps: int) -> None:
-    assert summary["status"] == "completed" and summary["lost"] == 0
-    lg = Ledger.open(ledger_url_for(cfg), create=False)
-    try:
-        with lg.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text("SELECT step, metrics FROM trainer_steps WHERE job_id = :j ORDER BY step"),
-                {"j": summary["job_id"]},
-            ).all()
-            trained = conn.execute(
-                sa.text("SELECT count(*) FROM rollouts WHERE job_id = :j AND state = 'trained'"),
-                {"j": summary["job_id"]},
-            ).scalar_one()
-            live = conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM rollouts WHERE job_id = :j AND state IN "
-                    "('planned','admitted','running','scored','buffered')"
-                ),
-                {"j": summary["job_id"]},
-            ).scalar_one()
-    finally:
-        lg.close()
-    assert [s for s, _ in rows] == list(range(1, steps + 1))
-    assert sum(m["num_samples"] for _, m in rows) == trained > 0
-    assert live == 0
 
 
 def test_redis_killed_and_restarted_and_postgres_restarted_lose_nothing(chaos_job, redis_server):
