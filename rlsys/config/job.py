@@ -4,7 +4,8 @@ Invariants:
 - pydantic only (no torch, no ray): a config is validated before anything starts;
 - every section forbids unknown keys, and every error names its field path;
 - sections owned by other layers (the task, the sandbox, the scaffold) are kept as plain
-  mappings here and validated by `rlsys.jobs.validate` with those layers' own schemas,
+  mappings here and validated with those layers' own schemas by
+  `rlsys.actors.job_sections.validate_owned_sections` (which `load_job_config` calls),
   because the dependency rule keeps `rlsys.config` below them.
 """
 
