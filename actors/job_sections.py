@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlsys.config.job import JobConfig
+from rlsys.rollout.scaffold import ScaffoldConfig
+from rlsys.rollout.tasks.registry import parse_task_config
 from rlsys.sandboxes.registry import parse_sandbox_config
-from rlsys.sandboxes.scaffold import ScaffoldConfig
-from rlsys.sandboxes.tasks.registry import parse_task_config
 
 
 def _prefixed(prefix: str, err: ValidationError, tag: Any = None) -> ValueError:

@@ -48,8 +48,8 @@ class RolloutWorker:
         from rlsys.actors.job_sections import scaffold_config
         from rlsys.config.job import JobConfig
         from rlsys.ledger.stream import open_stream
+        from rlsys.rollout.tasks.registry import build_task, parse_task_config
         from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
-        from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
 
         cfg = JobConfig.model_validate(job_config)
         self.worker_id, self.job_id = worker_id, job_id
@@ -78,7 +78,7 @@ class RolloutWorker:
     def run(self, a: Assignment) -> RolloutReport:
         """Run one planned rollout to `scored` (its trajectory published to the stream) or a
         failed state; returns its id, state and reward, never the trajectory."""
-        from rlsys.sandboxes.scaffold import run_rollout
+        from rlsys.rollout.scaffold import run_rollout
 
         rid = a.rollout_id
         sink = LedgerEventBuffer(rid, self.job_id)

@@ -65,9 +65,9 @@ class TrainerActor:
         from functools import partial
 
         from rlsys.actors.job_sections import scaffold_config
-        from rlsys.sandboxes.demos import make_demonstrations
+        from rlsys.rollout.demos import make_demonstrations
+        from rlsys.rollout.tasks.registry import build_task, parse_task_config
         from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
-        from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
         from rlsys.trainer.warm_start import supervised_warm_start
 
         ws = self.cfg.trainer.warm_start

@@ -5,11 +5,11 @@ import math
 import pytest
 
 from rlsys.engine.api import GenerationRequest, GenerationResult
-from rlsys.sandboxes.compaction import CompactionConfig
-from rlsys.sandboxes.events import ListEventSink
-from rlsys.sandboxes.replay import ReplayGenerator
-from rlsys.sandboxes.scaffold import ScaffoldConfig, run_rollout
-from rlsys.sandboxes.tasks.arithmetic import ArithmeticTask
+from rlsys.rollout.compaction import CompactionConfig
+from rlsys.rollout.events import ListEventSink
+from rlsys.rollout.replay import ReplayGenerator
+from rlsys.rollout.scaffold import ScaffoldConfig, run_rollout
+from rlsys.rollout.tasks.arithmetic import ArithmeticTask
 from rlsys.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.unit
@@ -261,7 +261,7 @@ def test_a_prompt_that_cannot_fit_one_turn_is_a_config_error():
 def test_tool_latency_delays_each_observation_deterministically_and_is_capped():
     import time
 
-    from rlsys.sandboxes.latency import ToolLatencyConfig, tool_delay_s
+    from rlsys.rollout.latency import ToolLatencyConfig, tool_delay_s
 
     cfg = ToolLatencyConfig(median_s=0.5, sigma=1.5, max_s=4.0)
     draws = [tool_delay_s(cfg, f"r{i}", 0) for i in range(2000)]

@@ -31,14 +31,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlsys.engine.api import GenerationRequest, GenerationResult, Generator, SamplingParams
-from rlsys.sandboxes.compaction import STATE_CLOSE, CompactionConfig, extract_state, resume_prompt
-from rlsys.sandboxes.events import EventSink
-from rlsys.sandboxes.failures import RolloutAbort, RolloutFailure, describe, tail
-from rlsys.sandboxes.latency import ToolLatencyConfig, tool_delay_s
-from rlsys.sandboxes.profile import RolloutProfile, profile_trajectory
-from rlsys.sandboxes.tasks.base import Episode, SandboxFactory, Task, Verdict
-from rlsys.sandboxes.toolcall import TOOL_STOP_STRINGS, FinalAnswer, ToolCallError, parse_action
-from rlsys.sandboxes.tools import ToolArgumentError, execute
+from rlsys.rollout.compaction import STATE_CLOSE, CompactionConfig, extract_state, resume_prompt
+from rlsys.rollout.events import EventSink
+from rlsys.rollout.failures import RolloutAbort, RolloutFailure, describe, tail
+from rlsys.rollout.latency import ToolLatencyConfig, tool_delay_s
+from rlsys.rollout.profile import RolloutProfile, profile_trajectory
+from rlsys.rollout.tasks.base import Episode, SandboxFactory, Task, Verdict
+from rlsys.rollout.toolcall import TOOL_STOP_STRINGS, FinalAnswer, ToolCallError, parse_action
+from rlsys.rollout.tools import ToolArgumentError, execute
 from rlsys.tokenizer import ByteTokenizer
 from rlsys.trajectory import Segment, Trajectory
 
