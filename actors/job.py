@@ -97,6 +97,7 @@ def run_job(
                 name=actor_name(job_id, f"replica-{i}"),
                 num_cpus=cfg.engine.num_cpus,
                 num_gpus=cfg.engine.num_gpus,
+                resources=cfg.engine.resources,
                 max_concurrency=256,
             ).remote(f"replica-{i}", cfg_dict)
             for i in range(cfg.engine.replicas)
@@ -175,6 +176,7 @@ def _make_worker(
     return RolloutWorker.options(
         name=actor_name(job_id, name),
         num_cpus=cfg.rollout.num_cpus,
+        resources=cfg.rollout.resources,
         max_concurrency=cfg.rollout.concurrency_per_worker + 2,
     ).remote(
         name,
@@ -196,6 +198,7 @@ def _make_trainer(
         name=actor_name(job_id, f"trainer-{next(generation)}"),
         num_cpus=cfg.trainer.num_cpus,
         num_gpus=cfg.trainer.num_gpus,
+        resources=cfg.trainer.resources,
     ).remote(json.loads(cfg.model_dump_json()), checkpoint, stream_url)
 
 

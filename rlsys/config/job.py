@@ -54,6 +54,11 @@ class EngineSection(_Section):
     tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree of each replica.")
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per replica actor; it is placed on a node "
+        "that offers them.",
+    )
     weight_transport: Literal["object_store", "collective"] = Field(
         "object_store",
         description="How new weights reach the replicas: the Ray object store, or a "
@@ -92,6 +97,11 @@ class RolloutSection(_Section):
     retry_lost: bool = Field(True, description="Retry rollouts of a lost worker as linked rows.")
     max_attempts: int = Field(2, ge=1, description="Attempts per rollout, the first included.")
     num_cpus: float = Field(0.25, ge=0, description="Ray CPUs per rollout worker actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per rollout worker actor; it is placed on a node "
+        "that offers them.",
+    )
     task: dict[str, Any] = Field(
         default_factory=lambda: {"type": "arithmetic"}, description="Task config."
     )
@@ -153,6 +163,11 @@ class TrainerSection(_Section):
     checkpoint_every: int = Field(5, ge=1, description="Checkpoint every N optimiser steps.")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the trainer actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs of the trainer actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per trainer actor; it is placed on a node "
+        "that offers them.",
+    )
     warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
 
 
