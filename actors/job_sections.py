@@ -60,7 +60,7 @@ def validate_owned_sections(cfg: JobConfig) -> None:
 
 def scaffold_config(cfg: JobConfig) -> ScaffoldConfig:
     """The scaffold config, with sampling taken from the `sampling` and `engine` sections."""
-    owned = {"temperature", "top_p", "top_k", "max_new_tokens", "candidate_cap"}
+    owned = {"sampling", "temperature", "top_p", "top_k", "max_new_tokens", "candidate_cap"}
     clash = owned & set(cfg.rollout.scaffold)
     if clash:
         raise ValueError(
@@ -69,10 +69,7 @@ def scaffold_config(cfg: JobConfig) -> ScaffoldConfig:
     data: dict[str, Any] = {
         "context_budget": cfg.engine.max_context_tokens,
         **cfg.rollout.scaffold,
-        "temperature": cfg.sampling.temperature,
-        "top_p": cfg.sampling.top_p,
-        "top_k": cfg.sampling.top_k,
-        "max_new_tokens": cfg.sampling.max_tokens_per_turn,
+        "sampling": cfg.sampling,
         "candidate_cap": cfg.engine.candidate_cap,
     }
     scaffold = ScaffoldConfig.model_validate(data)

@@ -29,6 +29,7 @@ import torch
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
 from rlsys.config.model import preset
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.engine import InferenceEngine
 from rlsys.model import Transformer
@@ -44,7 +45,7 @@ from rlsys.trajectory import Trajectory
 SCAFFOLD = ScaffoldConfig(
     max_turns=3,
     context_budget=384,
-    max_new_tokens=40,
+    sampling=SamplingConfig(max_tokens_per_turn=40),
     max_observation_tokens=32,
     compaction=CompactionConfig(max_compactions=0),
 )

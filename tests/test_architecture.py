@@ -49,7 +49,7 @@ ALLOWED_EDGES: dict[str, set[str]] = {
     "rlsys.actors": {"rlsys.config", "rlsys.engine", "rlsys.ledger", "rlsys.model",
                      "rlsys.rollout", "rlsys.sandboxes", "rlsys.tokenizer", "rlsys.tracking",
                      "rlsys.trainer", "rlsys.trajectory", "rlsys.types"},
-    "rlsys.rollout": {"rlsys.engine.api", "rlsys.sandboxes", "rlsys.tokenizer",
+    "rlsys.rollout": {"rlsys.config", "rlsys.engine.api", "rlsys.sandboxes", "rlsys.tokenizer",
                       "rlsys.trajectory", "rlsys.types"},
     "rlsys.sandboxes": set(),
     "rlsys.trainer": {"rlsys.algo", "rlsys.config", "rlsys.kernels", "rlsys.model",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.locations import default_run_root
 from rlsys.config.model import PRESETS, ModelConfig
+from rlsys.config.sampling import SamplingConfig
 from rlsys.config.tracking import TrackerConfig
 
 
@@ -69,11 +70,7 @@ class EngineSection(_Section):
     )
 
 
-class SamplingSection(_Section):
-    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass.")
-    top_k: int = Field(0, ge=0, description="Top-k cut (0 = off).")
-    max_tokens_per_turn: int = Field(96, ge=1, description="Max generated tokens per turn.")
+SamplingSection = SamplingConfig  # the one sampling configuration (rlsys.config.sampling)
 
 
 class RolloutSection(_Section):

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
 from rlsys.rollout.compaction import CompactionConfig
 from rlsys.rollout.events import ListEventSink
@@ -141,7 +142,7 @@ def test_compaction_starts_a_new_segment_from_the_policys_state():
     compaction = CompactionConfig(max_compactions=1, max_state_tokens=24)
     config = ScaffoldConfig(
         context_budget=520,
-        max_new_tokens=48,
+        sampling=SamplingConfig(max_tokens_per_turn=48),
         max_observation_tokens=16,
         max_turns=20,
         compaction=compaction,
@@ -192,7 +193,7 @@ def test_compaction_starts_a_new_segment_from_the_policys_state():
 def test_full_context_without_compactions_left_stops_at_the_context_budget():
     config = ScaffoldConfig(
         context_budget=400,
-        max_new_tokens=48,
+        sampling=SamplingConfig(max_tokens_per_turn=48),
         max_observation_tokens=16,
         max_turns=50,
         compaction=CompactionConfig(max_compactions=0),
@@ -255,7 +256,10 @@ def test_verifier_crash_is_failed_reward_not_zero():
 
 def test_a_prompt_that_cannot_fit_one_turn_is_a_config_error():
     with pytest.raises(ValueError, match="context_budget"):
-        _run(ReplayGenerator([_answer()]), ScaffoldConfig(context_budget=200, max_new_tokens=128))
+        _run(
+            ReplayGenerator([_answer()]),
+            ScaffoldConfig(context_budget=200, sampling=SamplingConfig(max_tokens_per_turn=128)),
+        )
 
 
 def test_tool_latency_delays_each_observation_deterministically_and_is_capped():
