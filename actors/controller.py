@@ -18,6 +18,8 @@ Invariants kept here:
 - a dead trainer is killed and replaced from its checkpoint: the stream gives the new one
   every entry the old one read and did not acknowledge, the checkpoint's consumed rollouts
   are ended in the ledger if the crash came before that, and an unfinished step is redone;
+  the ledger's step numbering goes on (`_agree_on_step`); checkpoints are written every
+  `trainer.checkpoint_every` steps, at the last step, and at a stop;
 - when the loop ends, for whatever reason, `finish_job` names a state for every rollout
   still live (a stopped job parks its scored ones for a resume), so `lost` is 0.
 """
@@ -40,7 +42,7 @@ from rlsys.actors.serving_metrics import serving_metrics
 from rlsys.actors.step_commit import StepCommitter, trainer_position
 from rlsys.actors.weight_publish import make_publisher
 from rlsys.config.job import JobConfig
-from rlsys.ledger.queries import parked_rollouts, stats
+from rlsys.ledger.queries import last_trainer_step, parked_rollouts, stats
 from rlsys.ledger.reconcile import finish_job
 from rlsys.ledger.records import new_id
 from rlsys.ledger.store import Ledger
@@ -117,6 +119,7 @@ class Controller:
     def _adopt(self, start: TrainerPosition) -> None:
         """Agree with the trainer's checkpoint, then take back what a stopped run parked."""
         self.committer.recover(start)
+        self._agree_on_step(start)
         parked = parked_rollouts(self.ledger, self.job_id)
         self.planner.adopt_parked(parked)
         self.committer.buffered.update(r for r, _, state, _ in parked if state == S.BUFFERED)
@@ -196,8 +199,11 @@ class Controller:
         try:
             report = StepReport.from_result(ray.get(self.train_ref))
             next_step = self.step + (1 if report.stepped else 0)
-            position = self.committer.checkpoint_position(next_step, report.version, batch, report)
-            ray.get(self.h.trainer.checkpoint.remote(str(self._checkpoint), position))
+            if report.stepped and self._checkpoint_due(next_step):
+                position = self.committer.checkpoint_position(
+                    next_step, report.version, batch, report
+                )
+                ray.get(self.h.trainer.checkpoint.remote(str(self._checkpoint), position))
         except RayActorError:
             self._on_trainer_death()
             return
@@ -271,6 +277,34 @@ class Controller:
     def _checkpoint(self) -> Path:
         return self.run_dir / "checkpoint"
 
+    def _checkpoint_due(self, step: int) -> bool:
+        return step % self.cfg.trainer.checkpoint_every == 0 or step >= self.cfg.trainer.steps
+
+    def _checkpoint_now(self) -> None:
+        """At a stop with no step in flight, the weights are exactly the committed steps':
+        a checkpoint makes the resume exact whatever `checkpoint_every` is."""
+        empty = StepReport(False, self.version, {})
+        position = self.committer.checkpoint_position(self.step, self.version, [], empty)
+        try:
+            ray.get(self.h.trainer.checkpoint.remote(str(self._checkpoint), position))
+        except RayActorError:
+            return  # the resume starts from the last checkpoint and the ledger's step
+
+    def _agree_on_step(self, start: TrainerPosition) -> None:
+        """The ledger's newest committed step wins over an older checkpoint.
+
+        With `trainer.checkpoint_every` N > 1 a replaced (or resumed) trainer may come back
+        up to N - 1 steps behind: the updates of those steps are lost with the old trainer,
+        but their samples did reach an optimiser step (they stay `trained`, and their stream
+        entries were acknowledged), so the job carries on from the ledger's step rather than
+        train other samples under the same step numbers."""
+        self.step, self.version = start.step, start.version
+        committed = last_trainer_step(self.ledger, self.job_id)
+        if committed is not None and committed[0] > self.step:
+            self.step, self.version = committed
+            ray.get(self.h.trainer.set_position.remote(self.step, self.version))
+        self.planner.version = self.version
+
     def _on_trainer_death(self) -> None:
         """Kill the old trainer, start one from the checkpoint, redo what was not committed."""
         self.stats.trainer_restarts += 1
@@ -279,8 +313,7 @@ class Controller:
         start = trainer_position(ray.get(self.h.trainer.position.remote()))
         self.stats.redelivered += start.redelivered
         recovered = set(self.committer.recover(start))
-        self.step, self.version = start.step, start.version
-        self.planner.version = self.version
+        self._agree_on_step(start)
         self.train_ref = None
         batch = [r for r in self.train_batch if r not in recovered]
         self.train_batch = []
@@ -316,6 +349,8 @@ class Controller:
             while self.step < self.cfg.trainer.steps:
                 if self._stop_requested():
                     status = "stopped"
+                    if self.train_ref is None:
+                        self._checkpoint_now()
                     break
                 self.pending += self.planner.plan(
                     step=self.step, training=self.train_ref is not None

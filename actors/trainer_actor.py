@@ -102,6 +102,11 @@ class TrainerActor:
         out["entries"] = self.inbox.entry_ids(rollout_ids)
         return out
 
+    def set_position(self, step: int, version: int) -> None:
+        """Adopt the ledger's newest committed step (a checkpoint older than it lost the
+        updates of the steps since, which stay counted: see `Controller._agree_on_step`)."""
+        self.trainer.step, self.trainer.version = step, version
+
     def held(self) -> list[str]:
         """Rollout ids whose entries this trainer holds, unacknowledged."""
         return list(self.inbox.entries)

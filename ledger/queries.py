@@ -18,7 +18,7 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 
 from rlsys.ledger.errors import UnknownRollout
-from rlsys.ledger.models import Rollout, RolloutEvent, RolloutTransition
+from rlsys.ledger.models import Rollout, RolloutEvent, RolloutTransition, TrainerStep
 from rlsys.ledger.reconcile import PARKED_STATES
 from rlsys.ledger.store import JOB_RUNNING, Ledger
 from rlsys.types import TERMINAL_CLASS, RolloutState, TerminalClass
@@ -286,3 +286,15 @@ def parked_rollouts(ledger: Ledger, job_id: str) -> list[tuple[str, str, str, in
             .order_by(Rollout.created_at, Rollout.id)
         ).all()
     return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def last_trainer_step(ledger: Ledger, job_id: str) -> tuple[int, int] | None:
+    """(step, policy_version) of the job's newest committed optimiser step, if any."""
+    with ledger.engine.connect() as conn:
+        row = conn.execute(
+            select(TrainerStep.step, TrainerStep.policy_version)
+            .where(TrainerStep.job_id == job_id)
+            .order_by(TrainerStep.step.desc())
+            .limit(1)
+        ).first()
+    return (int(row[0]), int(row[1])) if row else None
