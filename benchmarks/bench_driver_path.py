@@ -11,8 +11,9 @@ experts per token). The driver's share of each path, per trajectory:
 - after (workers publish, the trainer reads the stream): a `RolloutReport` arrives, and the
   rollout id goes out twice (the step call, the ack call).
 
-Pickling is what Ray does to task arguments and results (protocol 5); timings are the
-median of `--repeat` passes over the trajectories.
+Pickling is what Ray does to task arguments and results (protocol 5); each of `--runs`
+timing runs is the median of `--repeat` passes over the trajectories, and the table shows
+the spread (min-max) over the runs.
 
     .venv/bin/python benchmarks/bench_driver_path.py [--trajectories 32] [--repeat 5]
 """
@@ -112,6 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trajectories", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     trajs = trajectories(args.trajectories)
     tokens = sum(t.num_policy_tokens for t in trajs) / len(trajs)
@@ -120,8 +122,10 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, fn in (("before: controller carries trajectories", before),
                      ("after: workers -> stream -> trainer", after)):  # fmt: skip
-        size, seconds = fn(trajs, args.repeat)
-        print(f"| {name} | {size:,.0f} B | {seconds * 1e6:,.0f} us |")
+        runs = [fn(trajs, args.repeat) for _ in range(args.runs)]
+        size = runs[0][0]
+        lo, hi = min(s for _, s in runs) * 1e6, max(s for _, s in runs) * 1e6
+        print(f"| {name} | {size:,.0f} B | {lo:,.1f}-{hi:,.1f} us |")
 
 
 if __name__ == "__main__":
