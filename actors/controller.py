@@ -1,26 +1,31 @@
-"""The driver-side loop of an RL job: plan, dispatch, collect, train, publish weights.
+"""The driver-side loop of an RL job: the Ray edge around the controller core.
 
-Data flow (DESIGN.md section 3), and the invariants this loop keeps:
-- a group's rollouts are written to the ledger as `planned` before any is dispatched;
-- at most `rollout.groups_in_flight` groups are open (planned and not yet trained), and
-  generation keeps running while the trainer steps (async);
-- a step that would push a group still generating past `algo.max_staleness` waits for it
-  (a straggler is held for, not thrown away); samples end `filtered_stale` only when the
-  bound is broken anyway (ready leftovers after a fault, a resumed job);
-- a scored trajectory goes through the rollout stream; the trainer's consumer acknowledges
-  its entry only after the optimiser step that consumed it is checkpointed and its
-  rollouts are `trained` (or filtered) in the ledger;
-- a dead rollout worker's rollouts are reconciled to `failed_worker_lost` (with linked
-  retries when configured) and the worker is replaced; a dead engine replica is routed
-  around by admission (sessions migrate);
+The decisions live in small Ray-free units, unit-tested in tests/actors: `Planner`
+(planning, the window, the staleness gate), `FailureHandler` (failed rollouts, task errors,
+dead workers, retries through the ledger's reconcile) and `StepCommitter` (the step's
+ledger commit, and agreeing with a restored checkpoint). This file only moves messages
+(`rlsys.actors.messages`) between them and the actors, and waits.
+
+Data flow (DESIGN.md section 3): workers publish scored trajectories to the rollout stream
+themselves and answer the controller with ids and states; the controller names a step's
+rollout ids to the trainer, which reads them from the stream and acknowledges their entries
+only after `StepCommitter.commit` has ended them `trained` (or filtered) in the ledger.
+No token array crosses the driver.
+
+Invariants kept here:
+- a dead worker (its actor died) is told apart from a task error inside a live one; the
+  dead one is killed for good (`no_restart`) and replaced;
+- a dead trainer is killed and replaced from its checkpoint: the stream gives the new one
+  every entry the old one read and did not acknowledge, the checkpoint's consumed rollouts
+  are ended in the ledger if the crash came before that, and an unfinished step is redone;
+  the ledger's step numbering goes on (`_agree_on_step`); checkpoints are written every
+  `trainer.checkpoint_every` steps, at the last step, and at a stop;
 - when the loop ends, for whatever reason, `finish_job` names a state for every rollout
-  still live, so `lost` is 0.
+  still live (a stopped job parks its scored ones for a resume), so `lost` is 0.
 """
 
 from __future__ import annotations
 
-import pickle
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,22 +35,24 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rlsys.actors.groups import GroupBook
+from rlsys.actors.failures import FailureHandler, Recovery
+from rlsys.actors.messages import Assignment, RolloutReport, StepReport, TrainerPosition
+from rlsys.actors.planner import Planner
 from rlsys.actors.serving_metrics import serving_metrics
+from rlsys.actors.step_commit import StepCommitter, trainer_position
 from rlsys.actors.weight_publish import make_publisher
 from rlsys.config.job import JobConfig
-from rlsys.ledger.queries import stats
-from rlsys.ledger.reconcile import finish_job, reconcile_leases
-from rlsys.ledger.records import Event, PlannedRollout, Transition, new_id
+from rlsys.ledger.queries import last_trainer_step, parked_rollouts, stats
+from rlsys.ledger.reconcile import finish_job
+from rlsys.ledger.records import new_id
 from rlsys.ledger.store import Ledger
-from rlsys.ledger.stream import RolloutStream
-from rlsys.types import TERMINAL_STATES
 from rlsys.types import RolloutState as S
 
-TERMINAL_VALUES = tuple(t.value for t in TERMINAL_STATES)
-
-CONSUMER = "trainer"
 MAX_UNSTEPPED_BATCHES = 10
+MAX_STEP_ERRORS = 8
+# A step's trajectories are in the stream before their workers report them scored, so the
+# trainer finds them at once; the bound only turns a lost entry into an error, not a hang.
+STREAM_WAIT_S = 300.0
 
 
 @dataclass
@@ -60,8 +67,10 @@ class JobHandles:
 class RunStats:
     steps: list[dict[str, Any]] = field(default_factory=list)
     worker_deaths: int = 0
+    task_errors: int = 0
+    trainer_restarts: int = 0
     stale_filtered: int = 0
-    staleness_holds: int = 0  # times a ready step started waiting for a straggler
+    redelivered: int = 0  # stream entries handed again to a (re)started trainer
     replicas_dropped: list[str] = field(default_factory=list)  # died, found by a publication
     started: float = field(default_factory=time.time)
 
@@ -74,69 +83,54 @@ class Controller:
         cfg: JobConfig,
         job_id: str,
         ledger: Ledger,
-        stream: RolloutStream,
         handles: JobHandles,
         make_worker: Callable[[str], Any],
+        make_trainer: Callable[[], Any],
         *,
         run_dir: Path,
-        start_step: int = 0,
-        start_version: int = 0,
+        start: TrainerPosition,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.cfg, self.job_id, self.ledger, self.stream = cfg, job_id, ledger, stream
-        self.h, self.make_worker, self.run_dir = handles, make_worker, run_dir
-        self.step, self.version = start_step, start_version
+        self.cfg, self.job_id, self.ledger = cfg, job_id, ledger
+        self.h, self.make_worker, self.make_trainer = handles, make_worker, make_trainer
+        self.run_dir = run_dir
+        self.step, self.version = start.step, start.version
         self.on_step, self.should_stop = on_step or (lambda m: None), should_stop
-        self.book = GroupBook()
+        self.planner = Planner(cfg, job_id, ledger, seed_step=start.step)
+        self.planner.version = start.version
+        self.failures = FailureHandler(cfg, job_id, ledger, self.planner.book)
+        self.committer = StepCommitter(ledger, job_id)
         self.publisher = make_publisher(cfg.engine)
-        self.rng = random.Random(cfg.seed * 1_000_003 + start_step)
-        self.pending: list[dict[str, Any]] = []  # assignments not yet dispatched
-        self.running: dict[Any, tuple[str, dict[str, Any]]] = {}  # ref -> (worker, assignment)
+        self.pending: list[Assignment] = []  # not yet dispatched
+        self.running: dict[Any, tuple[str, Assignment]] = {}  # ref -> (worker, assignment)
         self.slots: dict[str, int] = {w: 0 for w in handles.workers}
         self.train_ref: Any = None
-        self.train_batch: list[Any] = []
-        self.stats = RunStats()
+        self.train_batch: list[str] = []
+        self.discard: list[str] = []  # ended untrained: the trainer acks any entry they left
+        self.stats = RunStats(redelivered=start.redelivered)
         self.samples = 0
-        self.consecutive_failures = 0
         self.unstepped = 0
-        self._holding = False
+        self.step_errors = 0
+        self.unacked: list[str] = []  # committed in the ledger, ack not yet confirmed
         self._stop_checked = 0.0
+        self._adopt(start)
 
-    # -- planning and dispatch -----------------------------------------------------------
-    def _plan_groups(self) -> None:
-        # Plan only what the remaining steps can consume, so a finished job leaves (almost)
-        # nothing in flight to cancel: cancelled rollouts count as dropped.
-        # The window counts the groups being trained too: with it at most
-        # groups_per_step * (max_staleness + 1) (validated), the oldest open group is always
-        # trainable before it goes stale, so the staleness gate below never deadlocks.
-        per_step = self.cfg.trainer.groups_per_step
-        in_step = per_step if self.train_batch else 0
-        needed = (self.cfg.trainer.steps - self.step) * per_step
-        limit = self.cfg.rollout.groups_in_flight
-        if self.cfg.rollout.pipeline == "sync":
-            # The baseline: nothing is generated while the trainer steps, and one step's
-            # groups at a time, so every sample is generated by the newest weights.
-            if self.train_ref is not None:
-                return
-            limit = per_step
-        while self.book.open_groups + in_step < min(limit, needed):
-            gid, index = new_id("g"), self.rng.randrange(1 << 30)
-            task_id = f"{self.cfg.rollout.task.get('type', 'task')}/{index}"
-            planned = [PlannedRollout(gid, task_id) for _ in range(self.cfg.rollout.group_size)]
-            self.ledger.plan(self.job_id, planned)  # "expected" before anything is dispatched
-            self.book.add(gid, index, [p.id for p in planned], self.version)
-            self.pending += [self._assignment(p, index) for p in planned]
+    def _adopt(self, start: TrainerPosition) -> None:
+        """Agree with the trainer's checkpoint, then take back what a stopped run parked."""
+        self.committer.recover(start)
+        self._agree_on_step(start)
+        parked = parked_rollouts(self.ledger, self.job_id)
+        self.planner.adopt_parked(parked)
+        self.committer.buffered.update(r for r, _, state, _ in parked if state == S.BUFFERED)
+        # Entries the stream redelivered for rollouts that are not parked ended while the
+        # last run stopped (cancelled mid-publish): acknowledge them, train nothing twice.
+        keep = {r for r, *_ in parked}
+        orphans = [r for r in ray.get(self.h.trainer.held.remote()) if r not in keep]
+        if orphans:
+            ray.get(self.h.trainer.commit.remote([], orphans))
 
-    @staticmethod
-    def _assignment(p: PlannedRollout, index: int) -> dict[str, Any]:
-        return {
-            "rollout_id": p.id,
-            "group_id": p.group_id,
-            "task_index": index,
-            "session_id": p.session_id,
-        }
-
+    # -- rollouts ----------------------------------------------------------------------------
     def _dispatch(self) -> None:
         per_worker = self.cfg.rollout.concurrency_per_worker
         while self.pending:
@@ -145,211 +139,202 @@ class Controller:
                 return
             worker = min(free, key=lambda w: self.slots[w])
             a = self.pending.pop(0)
-            ref = self.h.workers[worker].run.remote(a)
-            self.running[ref] = (worker, a)
+            self.running[self.h.workers[worker].run.remote(a)] = (worker, a)
             self.slots[worker] += 1
 
-    # -- results ---------------------------------------------------------------------------
     def _on_rollout_done(self, ref: Any) -> None:
         worker, a = self.running.pop(ref)
         self.slots[worker] = max(0, self.slots.get(worker, 0) - 1)
         try:
-            result = ray.get(ref)
-        except (RayActorError, RayTaskError) as err:
-            self._on_worker_failure(worker, err, a)
+            report: RolloutReport = ray.get(ref)
+        except RayActorError:  # the actor died (before RayTaskError: not a subclass of it)
+            self._on_worker_death(worker, a)
             return
-        rid = result["rollout_id"]
-        if result["state"] == S.SCORED.value:
-            self.consecutive_failures = 0
-            entry = self.stream.publish(rid, pickle.dumps(result["trajectory"]))
-            self.book.scored(rid, entry, result["trajectory"])
+        except RayTaskError as err:  # an exception inside a live worker's `run`
+            self.stats.task_errors += 1
+            self._recover(self.failures.task_error(worker, a, err.cause or err))
             return
-        self.book.failed(rid)
-        self.consecutive_failures += 1
-        limit = max(32, 4 * self.cfg.rollout.group_size * self.cfg.rollout.groups_in_flight)
-        if self.consecutive_failures >= limit:
-            # A systematic failure (broken sandbox, engine, task) must end the job loudly,
-            # not spin forever planning rollouts that all fail.
-            reason = self.ledger.rollout_reason(rid) or result["state"]
-            raise RuntimeError(
-                f"the last {limit} rollouts all failed; the most recent ended "
-                f"{result['state']}: {reason}"
-            )
+        if report.state == S.SCORED.value:
+            self.failures.succeeded()
+            self.planner.book.scored(report.rollout_id)
+        else:
+            self.failures.rollout_failed(report)
 
-    def _on_worker_failure(self, worker: str, err: BaseException, first: dict[str, Any]) -> None:
-        """A worker died: end its rollouts as lost (with linked retries) and replace it."""
+    def _on_worker_death(self, worker: str, first: Assignment) -> None:
         if worker not in self.h.workers:
             return  # already handled for another of its in-flight rollouts
         self.stats.worker_deaths += 1
-        del self.h.workers[worker]
+        dead = self.h.workers.pop(worker)
         self.slots.pop(worker, None)
-        self.ledger.release(worker)
-        result = reconcile_leases(
-            self.ledger,
-            self.job_id,
-            retry=self.cfg.rollout.retry_lost,
-            max_attempts=self.cfg.rollout.max_attempts,
-        )
-        for lost in result.lost:
-            retry = result.retries.get(lost)
-            if lost in self.book.group_of:
-                self.book.failed(lost, retry)
-                if retry:
-                    g = self.book.groups[self.book.group_of[retry]]
-                    self.pending.append(
-                        {
-                            "rollout_id": retry,
-                            "group_id": g.group_id,
-                            "task_index": g.task_index,
-                            "session_id": new_id("s"),
-                        }
-                    )
-        # Every other rollout dispatched to this worker fails its ref too. Those it had started
-        # were ended by the reconciliation above; one it never started is still `planned` and
-        # goes back to the queue; one it scored but never handed over lost its trajectory
-        # with the worker, so it ends as lost and is retried like the others.
-        handled = set(result.lost)
+        ray.kill(dead, no_restart=True)  # a hung or half-dead actor must not come back
         dropped = [first]
         for ref, (w, a) in list(self.running.items()):
             if w == worker:
                 del self.running[ref]
                 dropped.append(a)
         # Slots its requests held on the replicas would otherwise never be released.
-        ray.get(self.h.admission.cancel_sessions.remote([a["session_id"] for a in dropped]))
-        for a in dropped:
-            rid = a["rollout_id"]
-            if rid in handled:
-                continue
-            state = self.ledger.rollout_state(rid)
-            if state == S.PLANNED.value:
-                self.pending.append(a)
-            elif state not in (None, *TERMINAL_VALUES):
-                self._end_lost_and_retry(rid, a, f"worker {worker} died before handing it over")
+        ray.get(self.h.admission.cancel_sessions.remote([a.session_id for a in dropped]))
+        self._recover(self.failures.worker_died(worker, dropped))
         replacement = f"worker-{new_id('w')[2:10]}"
         self.h.workers[replacement] = self.make_worker(replacement)
         self.slots[replacement] = 0
 
-    def _end_lost_and_retry(self, rid: str, a: dict[str, Any], reason: str) -> None:
-        self.ledger.apply([Transition(rid, S.FAILED_WORKER_LOST, reason=reason)])
-        retry = None
-        if self.cfg.rollout.retry_lost and self.cfg.rollout.max_attempts > 1:
-            planned = PlannedRollout(
-                a["group_id"],
-                f"{self.cfg.rollout.task.get('type', 'task')}/{a['task_index']}",
-                attempt=1,
-                retry_of=rid,
-            )
-            self.ledger.plan(self.job_id, [planned])
-            self.ledger.record_events(
-                [
-                    Event(rid, self.job_id, "retried_as", data={"rollout_id": planned.id}),
-                    Event(planned.id, self.job_id, "retry_of", data={"rollout_id": rid}),
-                ]
-            )
-            retry = planned.id
-            self.pending.append(self._assignment(planned, a["task_index"]))
-        if rid in self.book.group_of:
-            self.book.failed(rid, retry)
+    def _recover(self, recovery: Recovery) -> None:
+        self.pending = recovery.dispatch + self.pending
+        self.discard += recovery.ended
 
-    # -- training --------------------------------------------------------------------------
+    # -- training ----------------------------------------------------------------------------
     def _maybe_start_step(self) -> None:
         if self.train_ref is not None:
             return
-        self.book.drop_dead()
-        groups = self.book.take_ready(self.cfg.trainer.groups_per_step)
-        if len(groups) < self.cfg.trainer.groups_per_step or self._would_strand_a_straggler():
-            for g in groups:  # not yet: put them back (take_ready keeps planning order)
-                self.book.groups[g.group_id] = g
-            self.book.groups = dict(
-                sorted(self.book.groups.items(), key=lambda kv: kv[1].planned_version)
-            )
+        groups = self.planner.next_batch()
+        if groups is None:
             return
-        batch = [(rid, entry, traj) for g in groups for rid, (entry, traj) in g.scored.items()]
-        self.ledger.apply([Transition(rid, S.BUFFERED) for rid, _, _ in batch])
-        self.train_batch = batch
-        self.train_ref = self.h.trainer.step.remote([t for _, _, t in batch], self.version)
-
-    def _would_strand_a_straggler(self) -> bool:
-        """After this step the version is v+1; a group still generating, planned at version
-        u, is then trained at v+1 or later, which must stay within the staleness bound.
-
-        Only a group still generating is waited for: a ready group left over cannot get
-        any fresher by waiting (with the validated window that happens only after faults,
-        e.g. retries of a dead worker's rollouts), so the step goes ahead and it is
-        filtered stale rather than the job stalling."""
-        oldest = self.book.oldest_unready_version()
-        if oldest is None or self.version + 1 - oldest <= self.cfg.algo.max_staleness:
-            self._holding = False
-            return False
-        self.stats.staleness_holds += 0 if self._holding else 1
-        self._holding = True
-        return True
+        self.train_batch = [r for g in groups for r in sorted(g.scored & g.members)]
+        self.committer.buffer(self.train_batch)
+        self.train_ref = self.h.trainer.step.remote(self.train_batch, STREAM_WAIT_S)
 
     def _on_step_done(self) -> None:
-        out = ray.get(self.train_ref)
-        self.train_ref = None
-        batch, self.train_batch = self.train_batch, []
-        if out["stepped"]:
-            self.step += 1
-        self.version = out["version"]
-        consumed = [rid for rid, _, _ in batch]
-        ray.get(
-            self.h.trainer.checkpoint.remote(
-                str(self.run_dir / "checkpoint"),
-                {
-                    "step": self.step,
-                    "version": self.version,
-                    "job_id": self.job_id,
-                    "consumed_rollouts": consumed,
-                    "consumed_entries": [e for _, e, _ in batch],
-                },
-            )
-        )
-        filtered = {f["rollout_id"]: f for f in out["filtered"]}
-        self.stats.stale_filtered += sum(
-            f["state"] == S.FILTERED_STALE.value for f in filtered.values()
-        )
-        ends = [
-            Transition(rid, S(filtered[rid]["state"]), reason=filtered[rid]["reason"])
-            if rid in filtered
-            else Transition(rid, S.TRAINED, updates={"trained_version": self.version})
-            for rid in consumed
-        ]
-        self.ledger.apply(ends)
-        self.stream.ack([e for _, e, _ in batch])  # only now: the step is committed
-        if not out["stepped"]:
+        batch = self.train_batch
+        try:
+            report = StepReport.from_result(ray.get(self.train_ref))
+            next_step = self.step + (1 if report.stepped else 0)
+            if report.stepped and self._checkpoint_due(next_step):
+                position = self.committer.checkpoint_position(
+                    next_step, report.version, batch, report
+                )
+                ray.get(self.h.trainer.checkpoint.remote(str(self._checkpoint), position))
+        except RayActorError:
+            self._on_trainer_death()
+            return
+        except RayTaskError as err:
+            self._retry_step(err)
+            return
+        self.step_errors = 0
+        self.train_ref, self.train_batch = None, []
+        self.step, self.version = next_step, report.version
+        self.planner.version = self.version
+        metrics = self._step_metrics(report, len(batch)) if report.stepped else None
+        if metrics is not None:
+            self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
+        self.stats.stale_filtered += self.committer.commit(batch, report.filtered, self.version)
+        self._ack(batch)
+        if metrics is None:
             # Everything was filtered: no new version, nothing to publish. A run of such
             # batches means no learning signal at all; end loudly instead of spinning.
             self.unstepped += 1
             if self.unstepped >= MAX_UNSTEPPED_BATCHES:
                 raise RuntimeError(
-                    f"no learning signal: {self.unstepped} batches in a row were entirely filtered "
-                    "(zero reward variance or stale); the task is too hard or too easy for this policy"
+                    f"no learning signal: {self.unstepped} batches in a row were entirely "
+                    "filtered (zero reward variance or stale); the task is too hard or too "
+                    "easy for this policy"
                 )
             return
         self.unstepped = 0
+        self.broadcast_weights()
+        self.stats.steps.append(metrics)
+        self.on_step({**metrics, "job_id": self.job_id})
+
+    def _retry_step(self, err: RayTaskError) -> None:
+        """The step raised inside a live trainer (e.g. the stream unreachable for a while):
+        the trainer still holds what it read, so the same step is asked again, after a
+        backoff; a persistent error ends the job."""
+        self.step_errors += 1
+        if self.step_errors > MAX_STEP_ERRORS:
+            raise RuntimeError(f"the trainer's step failed {MAX_STEP_ERRORS} times") from err
+        time.sleep(min(10.0, 0.5 * 2 ** (self.step_errors - 1)))
+        self.train_ref = self.h.trainer.step.remote(self.train_batch, STREAM_WAIT_S)
+
+    def _ack(self, batch: list[str]) -> None:
+        """The ledger holds the step: the trainer may now acknowledge its entries. An ack
+        that fails (the stream unreachable) is retried with the next one: until then the
+        entries stay pending, which delays trimming but loses nothing."""
+        unacked, self.unacked = self.unacked + batch, []
+        discard, self.discard = self.discard, []
+        try:
+            ray.get(self.h.trainer.commit.remote(unacked, discard))
+        except RayActorError:
+            # The checkpoint records the step's entries: the next trainer acks them; older
+            # unacked ones are redelivered to it and acked at its first commit.
+            self.unacked = [r for r in unacked if r not in batch]
+            self._on_trainer_death()
+        except RayTaskError:
+            self.unacked, self.discard = unacked, discard + self.discard
+
+    def _step_metrics(self, report: StepReport, samples: int) -> dict[str, Any]:
         elapsed = time.time() - self.stats.started
-        self.samples += len(consumed)
-        metrics = {
-            **out["metrics"],
+        self.samples += samples
+        return {
+            **report.metrics,
             "step": self.step,
             "policy_version": self.version,
             "drop_rate": stats(self.ledger, self.job_id)["drop_rate"],
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
             "serving": serving_metrics(self.h.admission, self.h.replicas),
         }
-        self.ledger.record_trainer_step(self.job_id, self.step, self.version, metrics)
+
+    @property
+    def _checkpoint(self) -> Path:
+        return self.run_dir / "checkpoint"
+
+    def _checkpoint_due(self, step: int) -> bool:
+        return step % self.cfg.trainer.checkpoint_every == 0 or step >= self.cfg.trainer.steps
+
+    def _checkpoint_now(self) -> None:
+        """At a stop with no step in flight, the weights are exactly the committed steps':
+        a checkpoint makes the resume exact whatever `checkpoint_every` is."""
+        empty = StepReport(False, self.version, {})
+        position = self.committer.checkpoint_position(self.step, self.version, [], empty)
+        try:
+            ray.get(self.h.trainer.checkpoint.remote(str(self._checkpoint), position))
+        except RayActorError:
+            return  # the resume starts from the last checkpoint and the ledger's step
+
+    def _agree_on_step(self, start: TrainerPosition) -> None:
+        """The ledger's newest committed step wins over an older checkpoint.
+
+        With `trainer.checkpoint_every` N > 1 a replaced (or resumed) trainer may come back
+        up to N - 1 steps behind: the updates of those steps are lost with the old trainer,
+        but their samples did reach an optimiser step (they stay `trained`, and their stream
+        entries were acknowledged), so the job carries on from the ledger's step rather than
+        train other samples under the same step numbers."""
+        self.step, self.version = start.step, start.version
+        committed = last_trainer_step(self.ledger, self.job_id)
+        if committed is not None and committed[0] > self.step:
+            self.step, self.version = committed
+            ray.get(self.h.trainer.set_position.remote(self.step, self.version))
+        self.planner.version = self.version
+
+    def _on_trainer_death(self) -> None:
+        """Kill the old trainer, start one from the checkpoint, redo what was not committed."""
+        self.stats.trainer_restarts += 1
+        ray.kill(self.h.trainer, no_restart=True)
+        self.h.trainer = self.make_trainer()
+        start = trainer_position(ray.get(self.h.trainer.position.remote()))
+        self.stats.redelivered += start.redelivered
+        recovered = set(self.committer.recover(start))
+        self._agree_on_step(start)
+        self.train_ref = None
+        batch = [r for r in self.train_batch if r not in recovered]
+        self.train_batch = []
+        if batch:  # the unfinished step, redone on the same rollouts (still `buffered`)
+            self.train_batch = batch
+            self.train_ref = self.h.trainer.step.remote(batch, STREAM_WAIT_S)
         self.broadcast_weights()
-        self.stats.steps.append(metrics)
-        self.on_step({**metrics, "job_id": self.job_id})
 
     def broadcast_weights(self) -> None:
         """Publish the trainer's weights as `self.version` to every live replica.
 
         A replica that died is dropped here and marked dead in admission (its sessions
-        migrate); the job goes on while at least one replica lives.
+        migrate); the job goes on while at least one replica lives. A trainer that died
+        is replaced first.
         """
-        for rid in self.publisher.publish(self.h.trainer, self.h.replicas, self.version):
+        try:
+            dropped = self.publisher.publish(self.h.trainer, self.h.replicas, self.version)
+        except RayActorError:
+            self._on_trainer_death()
+            return
+        for rid in dropped:
             del self.h.replicas[rid]
             ray.get(self.h.admission.mark_dead.remote(rid))
             self.stats.replicas_dropped.append(rid)
@@ -362,12 +347,14 @@ class Controller:
         status = "completed"
         try:
             while self.step < self.cfg.trainer.steps:
-                if time.time() - self._stop_checked > 1.0:
-                    self._stop_checked = time.time()
-                    if self.should_stop():
-                        status = "stopped"
-                        break
-                self._plan_groups()
+                if self._stop_requested():
+                    status = "stopped"
+                    if self.train_ref is None:
+                        self._checkpoint_now()
+                    break
+                self.pending += self.planner.plan(
+                    step=self.step, training=self.train_ref is not None
+                )
                 self._dispatch()
                 self._maybe_start_step()
                 refs = list(self.running) + ([self.train_ref] if self.train_ref is not None else [])
@@ -377,7 +364,7 @@ class Controller:
                     )
                 done, _ = ray.wait(refs, num_returns=1, timeout=1.0)
                 for ref in done:
-                    if ref is self.train_ref or ref == self.train_ref:
+                    if self.train_ref is not None and ref == self.train_ref:
                         self._on_step_done()
                     elif ref in self.running:
                         self._on_rollout_done(ref)
@@ -390,6 +377,12 @@ class Controller:
             self._shutdown_inflight()
             finish_job(self.ledger, self.job_id, status)
         return status
+
+    def _stop_requested(self) -> bool:
+        if time.time() - self._stop_checked <= 1.0:
+            return False
+        self._stop_checked = time.time()
+        return self.should_stop()
 
     def _shutdown_inflight(self) -> None:
         for ref in list(self.running):

@@ -2,13 +2,13 @@
 
 A group is ready for the trainer when every member still expected has a scored
 trajectory in hand. A failed member leaves the group (its failure is in the ledger); a
-retried member is replaced by its retry. Pure Python, no Ray: unit-testable.
+retried member is replaced by its retry. The book holds rollout ids only: trajectories wait
+in the stream. Pure Python, no Ray: unit-testable.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
@@ -17,7 +17,7 @@ class Group:
     task_index: int
     members: set[str] = field(default_factory=set)
     planned_version: int = 0  # policy version when planned: its tokens are this or newer
-    scored: dict[str, tuple[str, Any]] = field(default_factory=dict)  # rid -> (entry id, traj)
+    scored: set[str] = field(default_factory=set)  # members whose trajectory is in the stream
 
     @property
     def ready(self) -> bool:
@@ -41,11 +41,15 @@ class GroupBook:
         for rid in rollout_ids:
             self.group_of[rid] = group_id
 
-    def scored(self, rid: str, entry_id: str, trajectory: Any) -> None:
-        self.groups[self.group_of[rid]].scored[rid] = (entry_id, trajectory)
+    def scored(self, rid: str) -> None:
+        group = self.groups.get(self.group_of.get(rid, ""))
+        if group is not None and rid in group.members:
+            group.scored.add(rid)
 
     def failed(self, rid: str, retry_id: str | None = None) -> None:
-        group = self.groups[self.group_of[rid]]
+        group = self.groups.get(self.group_of[rid])
+        if group is None:
+            return  # its group was already trained or dropped
         group.members.discard(rid)
         if retry_id:
             group.members.add(retry_id)
@@ -56,6 +60,12 @@ class GroupBook:
         for g in ready:
             del self.groups[g.group_id]
         return ready
+
+    def put_back(self, groups: list[Group]) -> None:
+        """Return taken groups, keeping planning order (oldest planned version first)."""
+        for g in groups:
+            self.groups[g.group_id] = g
+        self.groups = dict(sorted(self.groups.items(), key=lambda kv: kv[1].planned_version))
 
     def drop_dead(self) -> int:
         dead = [gid for gid, g in self.groups.items() if g.dead]

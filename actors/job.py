@@ -7,9 +7,10 @@ ends with a status in the ledger (`finish_job`), so `lost` is 0 afterwards.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from rlsys.actors.engine_replica import EngineReplica
 from rlsys.actors.job_reporting import JobReporting
 from rlsys.actors.rollout_worker import RolloutWorker
 from rlsys.actors.runtime import init_ray
+from rlsys.actors.step_commit import trainer_position
 from rlsys.actors.trainer_actor import TrainerActor
 from rlsys.config.job import JobConfig
 from rlsys.config.locations import resolve_ledger_url
@@ -38,13 +40,17 @@ def ledger_url_for(cfg: JobConfig) -> str:
     return resolve_ledger_url(cfg.store.ledger_url, run_root=cfg.store.run_root)
 
 
-def _stream_url(cfg: JobConfig, job_id: str) -> str:
+def stream_url_for(cfg: JobConfig, job_id: str) -> str:
+    """The job's rollout stream: `local://` is a SQLite file in the job's run directory;
+    a shared Redis or SQLite file gets one stream per job."""
     url = cfg.store.stream_url
     sep = "&" if "?" in url else "?"
-    if url.startswith("redis://") and "stream=" not in url:
+    if url.startswith("local://"):
+        return f"sqlite:///{Path(cfg.store.run_root).absolute() / job_id / 'stream.db'}"
+    if url.startswith(("redis://", "rediss://", "unix://")) and "stream=" not in url:
         return f"{url}{sep}stream=rlsys:{job_id}"
-    if url.startswith("memory://"):
-        return f"memory://{job_id}"
+    if url.startswith("sqlite://") and "stream=" not in url:
+        return f"{url}{sep}stream={job_id}"
     return url
 
 
@@ -68,7 +74,8 @@ def run_job(
     run_dir = Path(cfg.store.run_root) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     on_event(f"job {job_id}: ledger {redact(ledger_url_for(cfg))}")
-    stream = open_stream(_stream_url(cfg, job_id))
+    stream_url = stream_url_for(cfg, job_id)
+    open_stream(stream_url).close()  # fails here, before any actor starts, if unreachable
     logical = (
         cfg.engine.replicas * cfg.engine.num_cpus
         + cfg.rollout.workers * cfg.rollout.num_cpus
@@ -81,15 +88,16 @@ def run_job(
     reporting: JobReporting | None = None
     try:
         reporting = JobReporting.open(cfg, job_id, ledger, run_dir, on_event)
-        trainer = TrainerActor.options(
-            num_cpus=cfg.trainer.num_cpus, num_gpus=cfg.trainer.num_gpus
-        ).remote(cfg_dict, str(checkpoint) if resume else None)
-        start = ray.get(trainer.position.remote())
+        make_trainer = partial(
+            _make_trainer, cfg, job_id, str(checkpoint), stream_url, itertools.count()
+        )
+        trainer = make_trainer()
         replicas = {
             f"replica-{i}": EngineReplica.options(
                 name=actor_name(job_id, f"replica-{i}"),
                 num_cpus=cfg.engine.num_cpus,
                 num_gpus=cfg.engine.num_gpus,
+                resources=cfg.engine.resources,
                 max_concurrency=256,
             ).remote(f"replica-{i}", cfg_dict)
             for i in range(cfg.engine.replicas)
@@ -97,7 +105,7 @@ def run_job(
         admission = AdmissionActor.remote(
             list(replicas), max_running=cfg.engine.max_running, max_queue=cfg.engine.max_queue
         )
-        make_worker = partial(_make_worker, cfg, job_id, admission, replicas)
+        make_worker = partial(_make_worker, cfg, job_id, admission, replicas, stream_url)
         workers = {f"worker-{i}": make_worker(f"worker-{i}") for i in range(cfg.rollout.workers)}
         handles = JobHandles(admission, replicas, workers, trainer)
         ray.get(
@@ -110,16 +118,18 @@ def run_job(
             )
             warm = ray.get(trainer.warm_start.remote())
             on_event(f"warm start done: {warm}")
+            # Step 0 checkpointed: a trainer replaced before step 1 restarts warm.
+            ray.get(trainer.checkpoint.remote(str(checkpoint), {}))
+        start = trainer_position(ray.get(trainer.position.remote()))
         controller = Controller(
             cfg,
             job_id,
             ledger,
-            stream,
             handles,
             make_worker,
+            make_trainer,
             run_dir=run_dir,
-            start_step=start["step"],
-            start_version=start["version"],
+            start=start,
             on_step=reporting.wrap(on_step),
             should_stop=lambda: _stop_requested(ledger, job_id),
         )
@@ -132,8 +142,11 @@ def run_job(
             wall_s=time.time() - started,
             steps=controller.stats.steps,
             worker_deaths=controller.stats.worker_deaths,
+            task_errors=controller.stats.task_errors,
+            trainer_restarts=controller.stats.trainer_restarts,
+            redelivered=controller.stats.redelivered,
             stale_filtered=controller.stats.stale_filtered,
-            staleness_holds=controller.stats.staleness_holds,
+            staleness_holds=controller.planner.staleness_holds,
             replicas_dropped=controller.stats.replicas_dropped,
             weight_groups_formed=controller.publisher.groups_formed,
         )
@@ -149,20 +162,44 @@ def run_job(
                 handles.admission,
             ]:
                 ray.kill(actor, no_restart=True)
-        stream.close()
         ledger.close()
 
 
 def _make_worker(
-    cfg: JobConfig, job_id: str, admission: Any, replicas: dict[str, Any], name: str
+    cfg: JobConfig,
+    job_id: str,
+    admission: Any,
+    replicas: dict[str, Any],
+    stream_url: str,
+    name: str,
 ) -> Any:
     return RolloutWorker.options(
         name=actor_name(job_id, name),
         num_cpus=cfg.rollout.num_cpus,
+        resources=cfg.rollout.resources,
         max_concurrency=cfg.rollout.concurrency_per_worker + 2,
     ).remote(
-        name, job_id, ledger_url_for(cfg), json.loads(cfg.model_dump_json()), admission, replicas
+        name,
+        job_id,
+        ledger_url_for(cfg),
+        json.loads(cfg.model_dump_json()),
+        admission,
+        replicas,
+        stream_url,
     )
+
+
+def _make_trainer(
+    cfg: JobConfig, job_id: str, checkpoint: str, stream_url: str, generation: Iterator[int]
+) -> Any:
+    """A trainer actor (`trainer-0`, then `trainer-1`, ... for replacements), restored from
+    `checkpoint` when one exists (a resume, a replacement)."""
+    return TrainerActor.options(
+        name=actor_name(job_id, f"trainer-{next(generation)}"),
+        num_cpus=cfg.trainer.num_cpus,
+        num_gpus=cfg.trainer.num_gpus,
+        resources=cfg.trainer.resources,
+    ).remote(json.loads(cfg.model_dump_json()), checkpoint, stream_url)
 
 
 def actor_name(job_id: str, role: str) -> str:

@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlsys.config.job import JobConfig
+from rlsys.rollout.scaffold import ScaffoldConfig
+from rlsys.rollout.tasks.registry import parse_task_config
 from rlsys.sandboxes.registry import parse_sandbox_config
-from rlsys.sandboxes.scaffold import ScaffoldConfig
-from rlsys.sandboxes.tasks.registry import parse_task_config
 
 
 def _prefixed(prefix: str, err: ValidationError, tag: Any = None) -> ValueError:
@@ -60,7 +60,7 @@ def validate_owned_sections(cfg: JobConfig) -> None:
 
 def scaffold_config(cfg: JobConfig) -> ScaffoldConfig:
     """The scaffold config, with sampling taken from the `sampling` and `engine` sections."""
-    owned = {"temperature", "top_p", "top_k", "max_new_tokens", "candidate_cap"}
+    owned = {"sampling", "temperature", "top_p", "top_k", "max_new_tokens", "candidate_cap"}
     clash = owned & set(cfg.rollout.scaffold)
     if clash:
         raise ValueError(
@@ -69,10 +69,7 @@ def scaffold_config(cfg: JobConfig) -> ScaffoldConfig:
     data: dict[str, Any] = {
         "context_budget": cfg.engine.max_context_tokens,
         **cfg.rollout.scaffold,
-        "temperature": cfg.sampling.temperature,
-        "top_p": cfg.sampling.top_p,
-        "top_k": cfg.sampling.top_k,
-        "max_new_tokens": cfg.sampling.max_tokens_per_turn,
+        "sampling": cfg.sampling,
         "candidate_cap": cfg.engine.candidate_cap,
     }
     scaffold = ScaffoldConfig.model_validate(data)

@@ -6,11 +6,17 @@ Invariants:
   its rollouts as `failed_worker_lost` (nothing is left without a terminal state);
 - every turn, tool call, penalty, compaction, admission wait/retry and migration becomes a
   ledger event, written together with the rollout's next transition;
-- a failure ends the rollout in its named failed state with the reason (never reward 0).
+- a failure ends the rollout in its named failed state with the reason (never reward 0);
+- a scored trajectory goes to the rollout stream from here, before the ledger records
+  `scored`: a `scored` row always has its trajectory in the stream (so a worker's death
+  after that cannot lose it), and the driver sees only ids and a few numbers. A worker that
+  dies between the two leaves an entry for a rollout reconciled as lost; the trainer's
+  inbox discards it.
 """
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from functools import partial
@@ -20,6 +26,7 @@ import ray
 
 from rlsys.actors.handles import ReplicaGenerator, SchedulerProxy
 from rlsys.actors.ledger_sink import LedgerEventBuffer
+from rlsys.actors.messages import Assignment, RolloutReport
 from rlsys.ledger.records import Transition
 from rlsys.ledger.store import Ledger
 from rlsys.rollout.client import AdmittedGenerator
@@ -36,15 +43,18 @@ class RolloutWorker:
         job_config: dict[str, Any],
         scheduler: Any,
         replicas: dict[str, Any],
+        stream_url: str,
     ) -> None:
         from rlsys.actors.job_sections import scaffold_config
         from rlsys.config.job import JobConfig
+        from rlsys.ledger.stream import open_stream
+        from rlsys.rollout.tasks.registry import build_task, parse_task_config
         from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
-        from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
 
         cfg = JobConfig.model_validate(job_config)
         self.worker_id, self.job_id = worker_id, job_id
         self.ledger = Ledger.open(ledger_url, create=False)
+        self.stream = open_stream(stream_url)
         self.task = build_task(parse_task_config(cfg.rollout.task))
         self.scaffold = scaffold_config(cfg)
         self.open_sandbox = partial(open_sandbox, parse_sandbox_config(cfg.rollout.sandbox))
@@ -65,11 +75,12 @@ class RolloutWorker:
     def ready(self) -> str:
         return self.worker_id
 
-    def run(self, assignment: dict[str, Any]) -> dict[str, Any]:
-        """Run one planned rollout to `scored` or a failed state; returns its trajectory."""
-        from rlsys.sandboxes.scaffold import run_rollout
+    def run(self, a: Assignment) -> RolloutReport:
+        """Run one planned rollout to `scored` (its trajectory published to the stream) or a
+        failed state; returns its id, state and reward, never the trajectory."""
+        from rlsys.rollout.scaffold import run_rollout
 
-        rid = assignment["rollout_id"]
+        rid = a.rollout_id
         sink = LedgerEventBuffer(rid, self.job_id)
         self.ledger.apply(
             [
@@ -81,14 +92,14 @@ class RolloutWorker:
         started = time.time()
         outcome = run_rollout(
             self.task,
-            assignment["task_index"],
+            a.task_index,
             generator,
             config=self.scaffold,
             sink=sink,
             open_sandbox=self.open_sandbox,
             rollout_id=rid,
-            group_id=assignment["group_id"],
-            session_id=assignment["session_id"],
+            group_id=a.group_id,
+            session_id=a.session_id,
         )
         traj = outcome.trajectory
         versions = [
@@ -107,14 +118,12 @@ class RolloutWorker:
             state, reason = S.SCORED, None
             updates["reward"] = traj.reward
         traj.metadata["wall_s"] = time.time() - started
+        entry = self.stream.publish(rid, pickle.dumps(traj)) if state is S.SCORED else None
         self.ledger.apply([Transition(rid, state, reason=reason, updates=updates)], sink.drain())
-        return {
-            "rollout_id": rid,
-            "state": state.value,
-            "trajectory": traj if state is S.SCORED else None,
-        }
+        return RolloutReport(rid, state.value, entry)
 
     def close(self) -> None:
         self._stop.set()
         self.ledger.release(self.worker_id)
         self.ledger.close()
+        self.stream.close()

@@ -1,6 +1,8 @@
 """The trainer as a Ray actor: steps on batches of trajectories, checkpoints, publishes weights.
 
-It adds transport only: batches arrive from the controller; weights leave either as a CPU
+It adds transport only: trajectories arrive through the rollout stream (the controller
+names the rollout ids of a step; `TrajectoryInbox` reads, holds and acknowledges); weights
+leave either as a CPU
 state dict (`weights()`, put in the object store once, read by every replica) or by a
 collective broadcast (`sync_*`, see `rlsys.actors.weight_publish`); checkpoints are
 written atomically by the core `Trainer`. The warm start draws demonstrations from the
@@ -17,11 +19,13 @@ import ray
 
 @ray.remote(max_restarts=0)
 class TrainerActor:
-    def __init__(self, job_config: dict[str, Any], checkpoint: str | None) -> None:
+    def __init__(self, job_config: dict[str, Any], checkpoint: str | None, stream_url: str) -> None:
         import torch
 
+        from rlsys.actors.trajectory_inbox import TrajectoryInbox
         from rlsys.config.job import JobConfig
         from rlsys.engine.sync_group import GroupMember
+        from rlsys.ledger.stream import open_stream
         from rlsys.model import Transformer
         from rlsys.tokenizer import VOCAB_SIZE
         from rlsys.trainer.trainer import Trainer
@@ -43,6 +47,10 @@ class TrainerActor:
         self.resumed_position: dict[str, Any] = {}
         if checkpoint and Path(checkpoint).exists():
             self.resumed_position = self.trainer.restore(checkpoint)
+        self.inbox = TrajectoryInbox(open_stream(stream_url))
+        # Whatever this trainer's predecessor read and did not commit comes back to us; what
+        # the checkpoint says it consumed is acked (the crash may have preceded the ack).
+        self.redelivered = self.inbox.resume(self.resumed_position.get("consumed_entries", []))
 
     def position(self) -> dict[str, Any]:
         """Where this trainer stands: step, version, and the stream position it last stored."""
@@ -50,15 +58,16 @@ class TrainerActor:
             "step": self.trainer.step,
             "version": self.trainer.version,
             "stream_position": self.resumed_position,
+            "redelivered": self.redelivered,
         }
 
     def warm_start(self) -> dict[str, Any]:
         from functools import partial
 
         from rlsys.actors.job_sections import scaffold_config
-        from rlsys.sandboxes.demos import make_demonstrations
+        from rlsys.rollout.demos import make_demonstrations
+        from rlsys.rollout.tasks.registry import build_task, parse_task_config
         from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
-        from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
         from rlsys.trainer.warm_start import supervised_warm_start
 
         ws = self.cfg.trainer.warm_start
@@ -87,8 +96,24 @@ class TrainerActor:
         )
         return {"demonstrations": len(demos), "nll_first": losses[0], "nll_last": losses[-1]}
 
-    def step(self, trajectories: list[Any], version: int) -> dict[str, Any]:
-        return self.trainer.train_step(trajectories).as_dict()
+    def step(self, rollout_ids: list[str], timeout_s: float) -> dict[str, Any]:
+        """Train on the trajectories of `rollout_ids`, read from the stream."""
+        out = self.trainer.train_step(self.inbox.take(rollout_ids, timeout_s)).as_dict()
+        out["entries"] = self.inbox.entry_ids(rollout_ids)
+        return out
+
+    def set_position(self, step: int, version: int) -> None:
+        """Adopt the ledger's newest committed step (a checkpoint older than it lost the
+        updates of the steps since, which stay counted: see `Controller._agree_on_step`)."""
+        self.trainer.step, self.trainer.version = step, version
+
+    def held(self) -> list[str]:
+        """Rollout ids whose entries this trainer holds, unacknowledged."""
+        return list(self.inbox.entries)
+
+    def commit(self, rollout_ids: list[str], discard: list[str]) -> int:
+        """The ledger holds the step's outcome: acknowledge its entries (and dead ones)."""
+        return self.inbox.commit(rollout_ids) + self.inbox.discard(discard)
 
     def weights(self) -> dict[str, Any]:
         # Always CPU copies: the object store then needs no CUDA on the reader's side.

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ORDER = [
     "ledger",
     "stream",
+    "data_plane",
     "model",
     "engine",
     "vllm_peer",

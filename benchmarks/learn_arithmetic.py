@@ -29,14 +29,15 @@ import torch
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
 from rlsys.config.model import preset
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.engine import InferenceEngine
 from rlsys.model import Transformer
-from rlsys.sandboxes.compaction import CompactionConfig
-from rlsys.sandboxes.demos import make_demonstrations
-from rlsys.sandboxes.events import NullEventSink
-from rlsys.sandboxes.scaffold import RolloutOutcome, ScaffoldConfig, run_rollout
-from rlsys.sandboxes.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
+from rlsys.rollout.compaction import CompactionConfig
+from rlsys.rollout.demos import make_demonstrations
+from rlsys.rollout.events import NullEventSink
+from rlsys.rollout.scaffold import RolloutOutcome, ScaffoldConfig, run_rollout
+from rlsys.rollout.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
 from rlsys.trainer import Trainer, supervised_warm_start
 from rlsys.trainer.warm_start import LR_SCHEDULES
 from rlsys.trajectory import Trajectory
@@ -44,7 +45,7 @@ from rlsys.trajectory import Trajectory
 SCAFFOLD = ScaffoldConfig(
     max_turns=3,
     context_budget=384,
-    max_new_tokens=40,
+    sampling=SamplingConfig(max_tokens_per_turn=40),
     max_observation_tokens=32,
     compaction=CompactionConfig(max_compactions=0),
 )

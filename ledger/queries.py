@@ -5,7 +5,8 @@ Definitions (DESIGN.md section 4), used by every report:
 - consumed / discarded / dropped = terminal rows by class;
 - drop_rate = dropped / expected (0 when nothing is expected);
 - lost = rows with no terminal state once the job has ended (while it runs they count as
-  `in_flight`, and lost is 0 by definition).
+  `in_flight`, and lost is 0 by definition); a *stopped* job's `scored`/`buffered` rows
+  are `parked`, not lost: their trajectories wait in the durable stream for a resume.
 Reports never write, and on a database with no ledger schema they report zeros.
 """
 
@@ -17,10 +18,12 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 
 from rlsys.ledger.errors import UnknownRollout
-from rlsys.ledger.models import Rollout, RolloutEvent, RolloutTransition
+from rlsys.ledger.models import Rollout, RolloutEvent, RolloutTransition, TrainerStep
+from rlsys.ledger.reconcile import PARKED_STATES
 from rlsys.ledger.store import JOB_RUNNING, Ledger
 from rlsys.types import TERMINAL_CLASS, RolloutState, TerminalClass
 
+JOB_STOPPED = "stopped"
 DropsBy = Literal["reason", "length", "turns"]
 LENGTH_BUCKETS = (0, 256, 1024, 4096, 16384, 65536)
 TURN_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
@@ -45,6 +48,7 @@ def stats(ledger: Ledger, job_id: str | None = None) -> dict[str, Any]:
         "discarded": 0,
         "dropped": 0,
         "lost": 0,
+        "parked": 0,
         "drop_rate": 0.0,
         "retries": 0,
     }
@@ -76,8 +80,12 @@ def stats(ledger: Ledger, job_id: str | None = None) -> dict[str, Any]:
         by_class[cls.value] += n
     live = out["expected"] - sum(by_class.values())
     running = job["status"] == JOB_RUNNING
+    parked = 0
+    if job["status"] == JOB_STOPPED:
+        parked = sum(counts.get(s.value, 0) for s in PARKED_STATES)
     out["in_flight"] = live if running else 0
-    out["lost"] = 0 if running else live
+    out["parked"] = parked
+    out["lost"] = 0 if running else live - parked
     for cls in TerminalClass:
         out[cls.value] = by_class[cls.value]
     out["drop_rate"] = out["dropped"] / out["expected"] if out["expected"] else 0.0
@@ -263,3 +271,30 @@ def list_jobs(ledger: Ledger, limit: int = 50) -> list[dict[str, Any]]:
             ).all()
         )
     return [{**dict(j), "rollouts": counts.get(j["id"], 0)} for j in jobs]
+
+
+def parked_rollouts(ledger: Ledger, job_id: str) -> list[tuple[str, str, str, int | None]]:
+    """(id, group_id, state, policy_version_first) of the job's scored/buffered rollouts,
+    in planning order: what a resumed job trains from the stream before planning more."""
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(Rollout.id, Rollout.group_id, Rollout.state, Rollout.policy_version_first)
+            .where(
+                Rollout.job_id == job_id,
+                Rollout.state.in_([s.value for s in PARKED_STATES]),
+            )
+            .order_by(Rollout.created_at, Rollout.id)
+        ).all()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def last_trainer_step(ledger: Ledger, job_id: str) -> tuple[int, int] | None:
+    """(step, policy_version) of the job's newest committed optimiser step, if any."""
+    with ledger.engine.connect() as conn:
+        row = conn.execute(
+            select(TrainerStep.step, TrainerStep.policy_version)
+            .where(TrainerStep.job_id == job_id)
+            .order_by(TrainerStep.step.desc())
+            .limit(1)
+        ).first()
+    return (int(row[0]), int(row[1])) if row else None

@@ -1,17 +1,25 @@
 """Reconciliation: naming a terminal state for every rollout nobody will finish.
 
-Two rules, each one transaction:
+Three rules, each one transaction:
 - `reconcile_leases`: a live rollout whose owner stopped renewing its lease (or never had
   one on record) is ended as `failed_worker_lost`; optionally a retry row is planned,
   linked both ways (`retry_of` on the new row, events on both).
+- `reconcile_rollouts`: the same for named rollouts the caller knows failed (a task error
+  inside a live worker), ending each still-live one in the state given.
 - `finish_job`: when a job ends, every rollout still live is named: `cancelled` when the job
   was stopped, `failed_worker_lost` when its owner's lease has lapsed, `cancelled` with a
-  reason otherwise. After it, `lost` is 0 for that job.
+  reason otherwise. After it, `lost` is 0 for that job. One exception: a *stopped* job
+  keeps its `scored`/`buffered` rollouts live ("parked"): their trajectories wait in the
+  durable stream, and a resume trains them (`queries.stats` counts them as `parked`).
+
+Retries count along the chain: a retry of attempt n is attempt n + 1, planned only while
+n + 1 < `max_attempts`, so a retry of a retry uses up the budget like the first.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, select, update
@@ -27,6 +35,8 @@ _LIVE = sorted(s.value for s in NON_TERMINAL_STATES)
 # A worker owns a rollout while it runs it; once scored, the rollout is in the stream and
 # the trainer's hands, so its worker's death cannot lose it.
 _OWNED_BY_WORKER = sorted(s.value for s in (RolloutState.ADMITTED, RolloutState.RUNNING))
+PARKED_STATES = (RolloutState.SCORED, RolloutState.BUFFERED)
+_PARKED = {s.value for s in PARKED_STATES}
 
 
 @dataclass
@@ -52,35 +62,79 @@ def _expired_owner_rows(conn: Connection, job_id: str, now: float) -> list[tuple
     return list(conn.execute(query))
 
 
+def _end_and_retry(
+    conn: Connection,
+    job_id: str,
+    rows: list[tuple],
+    state: RolloutState,
+    reason: Callable[[str | None], str],
+    retry: bool,
+    max_attempts: int,
+) -> ReconcileResult:
+    """End `rows` (id, owner, group_id, task_id, attempt) in `state`; plan linked retries."""
+    now = time.time()
+    result = ReconcileResult()
+    transitions, events, retries = [], [], []
+    for rid, owner, group_id, task_id, attempt in rows:
+        transitions.append(Transition(rid, state, reason=reason(owner)))
+        result.lost.append(rid)
+        if retry and attempt + 1 < max_attempts:
+            new = PlannedRollout(group_id, task_id, attempt=attempt + 1, retry_of=rid)
+            retries.append(new)
+            result.retries[rid] = new.id
+            events.append(Event(rid, job_id, "retried_as", data={"rollout_id": new.id}))
+            events.append(Event(new.id, job_id, "retry_of", data={"rollout_id": rid}))
+    if retries:
+        insert_planned(conn, job_id, retries, now)
+    apply_batch(conn, transitions, events, on_conflict="raise", retrying=False)
+    return result
+
+
 def reconcile_leases(
     ledger: Ledger, job_id: str, *, retry: bool = False, max_attempts: int = 2
 ) -> ReconcileResult:
     """End rollouts of lapsed owners as `failed_worker_lost`; plan linked retries if asked."""
 
-    def work(conn: Connection, retrying: bool) -> ReconcileResult:
-        now = time.time()
-        result = ReconcileResult()
-        rows = _expired_owner_rows(conn, job_id, now)
-        transitions, events, retries = [], [], []
-        for rid, owner, group_id, task_id, attempt in rows:
-            transitions.append(
-                Transition(
-                    rid,
-                    RolloutState.FAILED_WORKER_LOST,
-                    reason=f"owner {owner} stopped renewing its lease",
-                )
+    def work(conn: Connection, _retrying: bool) -> ReconcileResult:
+        rows = _expired_owner_rows(conn, job_id, time.time())
+        return _end_and_retry(
+            conn,
+            job_id,
+            rows,
+            RolloutState.FAILED_WORKER_LOST,
+            lambda owner: f"owner {owner} stopped renewing its lease",
+            retry,
+            max_attempts,
+        )
+
+    return run_write(ledger.engine, work, ledger.retry)
+
+
+def reconcile_rollouts(
+    ledger: Ledger,
+    job_id: str,
+    rollout_ids: Sequence[str],
+    state: RolloutState,
+    reason: str,
+    *,
+    retry: bool = False,
+    max_attempts: int = 2,
+) -> ReconcileResult:
+    """End those of `rollout_ids` still owned by a worker (admitted/running) in `state`,
+    with linked retries if asked; rollouts in any other state are left alone."""
+
+    def work(conn: Connection, _retrying: bool) -> ReconcileResult:
+        query = (
+            select(Rollout.id, Rollout.owner, Rollout.group_id, Rollout.task_id, Rollout.attempt)
+            .where(
+                Rollout.job_id == job_id,
+                Rollout.id.in_(list(rollout_ids)),
+                Rollout.state.in_(_OWNED_BY_WORKER + [RolloutState.PLANNED.value]),
             )
-            result.lost.append(rid)
-            if retry and attempt + 1 < max_attempts:
-                new = PlannedRollout(group_id, task_id, attempt=attempt + 1, retry_of=rid)
-                retries.append(new)
-                result.retries[rid] = new.id
-                events.append(Event(rid, job_id, "retried_as", data={"rollout_id": new.id}))
-                events.append(Event(new.id, job_id, "retry_of", data={"rollout_id": rid}))
-        if retries:
-            insert_planned(conn, job_id, retries, now)
-        apply_batch(conn, transitions, events, on_conflict="raise", retrying=False)
-        return result
+            .order_by(Rollout.id)
+        )
+        rows = list(conn.execute(query))
+        return _end_and_retry(conn, job_id, rows, state, lambda _owner: reason, retry, max_attempts)
 
     return run_write(ledger.engine, work, ledger.retry)
 
@@ -100,6 +154,8 @@ def finish_job(ledger: Ledger, job_id: str, status: str) -> int:
         ).all()
         transitions = []
         for rid, state in live:
+            if status == "stopped" and state in _PARKED:
+                continue  # its trajectory waits in the stream; a resume trains it
             if status == "stopped":
                 to, why = RolloutState.CANCELLED, f"job stopped while {state}"
             elif rid in lapsed:

@@ -188,15 +188,11 @@ class Ledger:
     def record_trainer_step(
         self, job_id: str, step: int, policy_version: int, metrics: dict[str, Any]
     ) -> None:
-        def work(conn: Connection, retrying: bool) -> None:
-            if (
-                retrying
-                and conn.execute(
-                    select(TrainerStep.id).where(
-                        TrainerStep.job_id == job_id, TrainerStep.step == step
-                    )
-                ).first()
-            ):
+        # Idempotent: a replaced trainer's recovery may record a step the crash left out.
+        def work(conn: Connection, _retrying: bool) -> None:
+            if conn.execute(
+                select(TrainerStep.id).where(TrainerStep.job_id == job_id, TrainerStep.step == step)
+            ).first():
                 return
             conn.execute(
                 insert(TrainerStep).values(

@@ -18,7 +18,9 @@ one consumer group, `read` them and `ack` them. The contract every backend keeps
 
 Batches are the normal path: `publish_many`, `read(count=N)` and `ack([...])` cost one round
 trip each. Backends register themselves in `STREAM_BACKENDS`; `open_stream` builds one from
-a URL (`memory://NAME`, `redis://HOST:PORT/DB?stream=KEY&group=NAME`) or a config.
+a URL (`memory://NAME`, `redis://HOST:PORT/DB?stream=KEY&group=NAME`,
+`sqlite:///PATH?stream=NAME`) or a config. The in-memory backend serves one process only;
+the SQLite one is the local default across processes; Redis serves a cluster.
 """
 
 from __future__ import annotations
@@ -106,8 +108,23 @@ class RedisStreamConfig(BaseModel):
     )
 
 
-StreamConfig = Annotated[MemoryStreamConfig | RedisStreamConfig, Field(discriminator="type")]
-_CONFIG_ADAPTER: TypeAdapter[MemoryStreamConfig | RedisStreamConfig] = TypeAdapter(StreamConfig)
+class SqliteStreamConfig(BaseModel):
+    """A stream in a SQLite file: durable, and shared by every process of one machine."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["sqlite"] = "sqlite"
+    path: str = Field(min_length=1, description="The SQLite file (created if missing).")
+    stream: str = Field("rollouts", min_length=1, description="Name of the stream in the file.")
+    group: str = Field("trainer", min_length=1, description="Consumer group of this handle.")
+    delete_acked: bool = Field(True, description="Delete an entry once this group acks it.")
+    busy_timeout_s: float = Field(
+        30.0, gt=0, description="How long a writer waits for another process's lock."
+    )
+
+
+AnyStreamConfig: TypeAlias = MemoryStreamConfig | RedisStreamConfig | SqliteStreamConfig
+StreamConfig = Annotated[AnyStreamConfig, Field(discriminator="type")]
+_CONFIG_ADAPTER: TypeAdapter[AnyStreamConfig] = TypeAdapter(StreamConfig)
 
 
 @runtime_checkable
@@ -162,8 +179,18 @@ class RolloutStream(Protocol):
 STREAM_BACKENDS: dict[str, type[RolloutStream]] = {}
 """Backend name -> class taking its config. Each backend module registers itself."""
 
-_BACKEND_MODULES = ("rlsys.ledger.memory_stream", "rlsys.ledger.redis_stream")
-_URL_SCHEMES = {"memory": "memory", "redis": "redis", "rediss": "redis", "unix": "redis"}
+_BACKEND_MODULES = (
+    "rlsys.ledger.memory_stream",
+    "rlsys.ledger.redis_stream",
+    "rlsys.ledger.sqlite_stream",
+)
+_URL_SCHEMES = {
+    "memory": "memory",
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "sqlite": "sqlite",
+}
 _REDIS_STREAM_PARAMS = ("stream", "group", "delete_acked", "socket_timeout_s")
 
 
@@ -174,8 +201,14 @@ def stream_backends() -> dict[str, type[RolloutStream]]:
     return STREAM_BACKENDS
 
 
-def parse_stream_url(url: str) -> MemoryStreamConfig | RedisStreamConfig:
-    """`memory://NAME?group=G` or `redis://HOST:PORT/DB?stream=KEY&group=G` -> a config."""
+def _import_backend(backend: str) -> None:
+    # Only the backend in use: redis-py is not imported by a job that does not use Redis.
+    importlib.import_module(f"rlsys.ledger.{backend}_stream")
+
+
+def parse_stream_url(url: str) -> AnyStreamConfig:
+    """`memory://NAME?group=G`, `redis://HOST:PORT/DB?stream=KEY&group=G` or
+    `sqlite:///PATH?stream=NAME&group=G` -> a config."""
     parts = urlsplit(url)
     backend = _URL_SCHEMES.get(parts.scheme)
     if backend is None:
@@ -187,6 +220,8 @@ def parse_stream_url(url: str) -> MemoryStreamConfig | RedisStreamConfig:
         name = (parts.netloc + parts.path).strip("/")
         if name:
             fields["name"] = name
+    elif backend == "sqlite":
+        fields = {"type": "sqlite", "path": parts.path, **query}
     else:
         fields = {"type": "redis"}
         fields.update({k: query.pop(k) for k in _REDIS_STREAM_PARAMS if k in query})
@@ -198,10 +233,11 @@ def parse_stream_url(url: str) -> MemoryStreamConfig | RedisStreamConfig:
         raise ValueError(f"stream URL {url!r}: {exc}") from exc
 
 
-def open_stream(url_or_config: str | MemoryStreamConfig | RedisStreamConfig) -> RolloutStream:
+def open_stream(url_or_config: str | AnyStreamConfig) -> RolloutStream:
     """Open (creating if needed) the stream and its consumer group."""
     config = parse_stream_url(url_or_config) if isinstance(url_or_config, str) else url_or_config
-    return stream_backends()[config.type](config)  # type: ignore[call-arg]
+    _import_backend(config.type)
+    return STREAM_BACKENDS[config.type](config)  # type: ignore[call-arg]
 
 
 def resume_consumer(

@@ -1,4 +1,4 @@
-"""Sandbox backends (bwrap default, docker, process), agent scaffolds, tasks and verifiers.
+"""Sandbox backends only: bwrap (default), docker, process (the agent loop is `rlsys.rollout`).
 
 Sandbox API: `open_sandbox(config) -> Sandbox`, `RunResult`, the configs in
 `rlsys.sandboxes.config`, `AsyncSandbox`, and `reap_orphans` for start-up cleanup.

@@ -1,8 +1,10 @@
 """The dependency rule of DESIGN.md section 2, enforced.
 
-Two checks: (1) a static scan of every import statement, so a forbidden import is caught
-even inside a function body; (2) each package imported in a fresh interpreter, asserting
-the forbidden modules are absent from `sys.modules` (catches transitive pulls).
+Three checks: (1) a static scan of every import statement, so a forbidden import is caught
+even inside a function body; (2) the same scan against `ALLOWED_EDGES`, the table of which
+of the project's own packages may import which (an edge outside it fails); (3) each package
+imported in a fresh interpreter, asserting the forbidden modules are absent from
+`sys.modules` (catches transitive pulls).
 """
 
 import ast
@@ -37,6 +39,33 @@ OWNERS = {
     "mlflow": ("rlsys/tracking/",),
 }
 
+# The project's own packages (`rlsys.X`, whatever folder holds it) -> the packages it may
+# import. DESIGN.md section 2: cli -> actors -> rollout -> sandboxes; actors -> engine,
+# trainer, algo, model -> kernels; everything -> types, config. Leaf modules of `rlsys`
+# (types, tokenizer, trajectory) count as packages.
+ALLOWED_EDGES: dict[str, set[str]] = {
+    "rlsys.cli": {"rlsys.actors", "rlsys.config", "rlsys.engine", "rlsys.ledger",
+                  "rlsys.model", "rlsys.sandboxes", "rlsys.tracking", "rlsys.types"},
+    "rlsys.actors": {"rlsys.config", "rlsys.engine", "rlsys.ledger", "rlsys.model",
+                     "rlsys.rollout", "rlsys.sandboxes", "rlsys.tokenizer", "rlsys.tracking",
+                     "rlsys.trainer", "rlsys.trajectory", "rlsys.types"},
+    "rlsys.rollout": {"rlsys.config", "rlsys.engine.api", "rlsys.sandboxes", "rlsys.tokenizer",
+                      "rlsys.trajectory", "rlsys.types"},
+    "rlsys.sandboxes": set(),
+    "rlsys.trainer": {"rlsys.algo", "rlsys.config", "rlsys.kernels", "rlsys.model",
+                      "rlsys.trajectory"},
+    "rlsys.engine": {"rlsys.config", "rlsys.kernels", "rlsys.model", "rlsys.tokenizer"},
+    "rlsys.algo": {"rlsys.config", "rlsys.trajectory"},
+    "rlsys.model": {"rlsys.config", "rlsys.kernels"},
+    "rlsys.kernels": set(),
+    "rlsys.ledger": {"rlsys.config", "rlsys.types"},
+    "rlsys.tracking": {"rlsys.config"},
+    "rlsys.config": set(),
+    "rlsys.types": set(),
+    "rlsys.tokenizer": set(),
+    "rlsys.trajectory": set(),
+}  # fmt: skip
+
 # Import name -> modules that must not be loaded by importing it (and all its modules).
 FORBIDDEN_AT_IMPORT = {
     "rlsys.types": {"torch", "ray", "sqlalchemy", "redis"},
@@ -49,6 +78,7 @@ FORBIDDEN_AT_IMPORT = {
     "rlsys.algo": {"ray", "sqlalchemy", "redis", "docker"},
     "rlsys.ledger": {"torch", "ray", "docker"},
     "rlsys.sandboxes": {"torch", "ray", "sqlalchemy", "redis"},
+    "rlsys.rollout": {"torch", "ray", "sqlalchemy", "redis", "docker"},
     "rlsys.tracking": {"torch", "ray", "sqlalchemy", "redis", "wandb", "mlflow"},
 }
 
@@ -86,6 +116,54 @@ def test_code_imports_rlsys_subpackages_never_bare_folder_names():
         for m in _imported_roots(p) & bare
     ]
     assert offences == []
+
+
+def _package_of_file(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    if rel.parts[0] != "rlsys":
+        return PACKAGES[rel.parts[0]]
+    return "rlsys." + (rel.parts[1].removesuffix(".py") if len(rel.parts) > 1 else "")
+
+
+def _own_imports(path: Path) -> set[str]:
+    """Full names of the project modules `path` imports (`from rlsys import kernels` ->
+    rlsys.kernels), relative imports excluded (they stay inside the package)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("rlsys."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "rlsys":
+                names.update(f"rlsys.{a.name}" for a in node.names)
+            elif node.module.startswith("rlsys."):
+                names.add(node.module)
+    return names
+
+
+def _edge_allowed(source: str, target: str) -> bool:
+    if target == source or target.startswith(source + "."):
+        return True
+    return any(target == a or target.startswith(a + ".") for a in ALLOWED_EDGES[source])
+
+
+def test_imports_between_own_packages_follow_the_edges_table():
+    offences = []
+    for path in _source_files():
+        if path.name == "__init__.py" and path.parent == ROOT / "rlsys":
+            continue
+        source = _package_of_file(path)
+        assert source in ALLOWED_EDGES, f"{source} ({path}) is missing from ALLOWED_EDGES"
+        for target in sorted(_own_imports(path)):
+            if not _edge_allowed(source, target):
+                offences.append(f"{path.relative_to(ROOT)}: {source} -> {target}")
+    assert offences == []
+
+
+def test_the_edges_table_refuses_an_edge_outside_it():
+    assert _edge_allowed("rlsys.rollout", "rlsys.engine.api")
+    assert not _edge_allowed("rlsys.rollout", "rlsys.engine.engine")  # torch behind it
+    assert not _edge_allowed("rlsys.sandboxes", "rlsys.rollout.scaffold")
+    assert not _edge_allowed("rlsys.ledger", "rlsys.actors")
 
 
 def _modules_of(import_name: str) -> list[str]:

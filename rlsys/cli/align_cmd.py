@@ -65,6 +65,8 @@ def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: boo
     """Check that the trainer reproduces the engine's log-probs bitwise at every TP degree."""
     degrees = _degrees(tp_text)
     job = _load_job(config)
+    from dataclasses import replace
+
     from rlsys.engine.align import alignment_report
     from rlsys.engine.api import SamplingParams
     from rlsys.engine.config import EngineConfig
@@ -78,14 +80,8 @@ def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: boo
     engine_cfg = EngineConfig.from_job(job.engine, job.seed).model_copy(
         update={"device": device, "tp_backend": backend}
     )
-    s = job.sampling
-    sampling = SamplingParams(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_tokens=min(max_tokens, s.max_tokens_per_turn),
-        candidate_cap=job.engine.candidate_cap,
-    )
+    sampling = SamplingParams.from_config(job.sampling, job.engine.candidate_cap)
+    sampling = replace(sampling, max_tokens=min(max_tokens, sampling.max_tokens))
     rows = alignment_report(model_cfg, engine_cfg, sampling, degrees, seed=job.seed, device=device)
     report = {
         "model": job.model.preset,

@@ -4,7 +4,8 @@ Invariants:
 - pydantic only (no torch, no ray): a config is validated before anything starts;
 - every section forbids unknown keys, and every error names its field path;
 - sections owned by other layers (the task, the sandbox, the scaffold) are kept as plain
-  mappings here and validated by `rlsys.jobs.validate` with those layers' own schemas,
+  mappings here and validated with those layers' own schemas by
+  `rlsys.actors.job_sections.validate_owned_sections` (which `load_job_config` calls),
   because the dependency rule keeps `rlsys.config` below them.
 """
 
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.locations import default_run_root
 from rlsys.config.model import PRESETS, ModelConfig
+from rlsys.config.sampling import SamplingConfig
 from rlsys.config.tracking import TrackerConfig
 
 
@@ -53,6 +55,11 @@ class EngineSection(_Section):
     tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree of each replica.")
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per replica actor; it is placed on a node "
+        "that offers them.",
+    )
     weight_transport: Literal["object_store", "collective"] = Field(
         "object_store",
         description="How new weights reach the replicas: the Ray object store, or a "
@@ -63,11 +70,7 @@ class EngineSection(_Section):
     )
 
 
-class SamplingSection(_Section):
-    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass.")
-    top_k: int = Field(0, ge=0, description="Top-k cut (0 = off).")
-    max_tokens_per_turn: int = Field(96, ge=1, description="Max generated tokens per turn.")
+SamplingSection = SamplingConfig  # the one sampling configuration (rlsys.config.sampling)
 
 
 class RolloutSection(_Section):
@@ -91,6 +94,11 @@ class RolloutSection(_Section):
     retry_lost: bool = Field(True, description="Retry rollouts of a lost worker as linked rows.")
     max_attempts: int = Field(2, ge=1, description="Attempts per rollout, the first included.")
     num_cpus: float = Field(0.25, ge=0, description="Ray CPUs per rollout worker actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per rollout worker actor; it is placed on a node "
+        "that offers them.",
+    )
     task: dict[str, Any] = Field(
         default_factory=lambda: {"type": "arithmetic"}, description="Task config."
     )
@@ -152,6 +160,11 @@ class TrainerSection(_Section):
     checkpoint_every: int = Field(5, ge=1, description="Checkpoint every N optimiser steps.")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the trainer actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs of the trainer actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per trainer actor; it is placed on a node "
+        "that offers them.",
+    )
     warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
 
 
@@ -162,8 +175,23 @@ class StoreSection(_Section):
         "rlsys.config.locations).",
     )
     stream_url: str = Field(
-        "memory://rollouts", description="Rollout stream: memory:// or redis://."
+        "local://",
+        description="Rollout stream: local:// (a SQLite file in the job's run directory, "
+        "shared by every process of this machine), sqlite:///PATH, or redis://HOST:PORT/DB "
+        "(a cluster). Workers and the trainer run in separate processes, so an in-process "
+        "memory:// stream cannot carry a job.",
     )
+
+    @model_validator(mode="after")
+    def _cross_process_stream(self) -> StoreSection:
+        schemes = ("local://", "sqlite://", "redis://", "rediss://", "unix://")
+        if not self.stream_url.startswith(schemes):
+            raise ValueError(
+                f"store.stream_url {self.stream_url!r}: must start with one of "
+                f"{', '.join(schemes)} (workers and the trainer are separate processes)"
+            )
+        return self
+
     run_root: str = Field(
         default_factory=default_run_root,
         description="Where ledgers, checkpoints and logs live (default: $RLSYS_RUN_ROOT, "

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from rlsys.config.sampling import SamplingConfig
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -26,6 +28,17 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     candidate_cap: int = 64
+
+    @classmethod
+    def from_config(cls, sampling: SamplingConfig, candidate_cap: int) -> SamplingParams:
+        """A request's sampling from the job's one sampling configuration."""
+        return cls(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=sampling.max_tokens_per_turn,
+            candidate_cap=candidate_cap,
+        )
 
 
 @dataclass(frozen=True)

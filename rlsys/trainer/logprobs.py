@@ -13,8 +13,9 @@ engine's: the logits are `Transformer.head_logits` cast to fp32, i.e. `Transform
 temperature (skipped at 1: x / 1 is x), then every id outside the allowed set is filled with -inf, then `kernels.log_softmax`
 over the full vocabulary, then a gather. The allowed set of a token is its recorded top-p
 candidate set when replay is on and it has one, else the sampleable vocabulary
-(`valid_vocab`, default the whole vocabulary). `masked_log_softmax` is that recipe, for
-the engine to share.
+(`valid_vocab`, default the whole vocabulary). `masked_log_softmax` is that recipe; the
+engine's sampler (`rlsys.engine.sampler.sample`) takes the same steps in the same order
+with its own code, and the alignment tests hold the two to bitwise equality.
 
 The zero-center projection sits on the raw LM-head output (the compute dtype, bf16 in
 production): its gradient has its mean over the allowed set removed (DESIGN.md 6).
@@ -62,8 +63,8 @@ def allowed_mask(
 
 
 def masked_log_softmax(logits_cV: Tensor, allowed_cV: Tensor, temperature: float = 1.0) -> Tensor:
-    """fp32 log-probs over the allowed ids (-inf elsewhere): the engine's and the trainer's
-    one recipe for a sampled token's log-prob."""
+    """fp32 log-probs over the allowed ids (-inf elsewhere): the trainer's recipe for a
+    sampled token's log-prob (the engine's sampler repeats the same steps)."""
     z = logits_cV.float()
     if temperature != 1.0:
         z = z / temperature

@@ -1,7 +1,7 @@
 """End-to-end fixtures: a job config small enough for CI (tiny model, real everything else).
 
 One local Ray cluster per test session (started by the first job, shut down at the end);
-bwrap sandboxes, SQLite ledger, in-memory stream, native engine replicas, the trainer.
+bwrap sandboxes, SQLite ledger, the local (SQLite) stream, native engine replicas, the trainer.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -75,11 +76,18 @@ def test_bad_requests_fail_alone_and_the_others_are_served(engine_and_model) -> 
     assert good_future.result(timeout=30).finish_reason == "length"
 
 
+def wait_until(condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    """Poll `condition`; a stalled engine fails the test instead of hanging the suite."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the engine made no progress"
+        time.sleep(0.001)
+
+
 def test_abort_returns_the_partial_result(engine_and_model) -> None:  # type: ignore[no-untyped-def]
     engine, _ = engine_and_model
     future = engine.submit(request("long", prompts(1)[0], max_tokens=80))
-    while not engine.stats().generated_tokens:
-        time.sleep(0.001)
+    wait_until(lambda: engine.stats().generated_tokens > 0)
     assert engine.abort("long")
     res = future.result(timeout=30)
     assert res.finish_reason == "abort" and len(res.token_ids) < 80
@@ -91,8 +99,7 @@ def test_weight_update_keeps_requests_and_versions_tokens(engine_and_model) -> N
     _, new_model = tiny(seed=1)
     p = prompts(2)[1]
     future = engine.submit(request("w", p, max_tokens=60))
-    while engine.stats().generated_tokens < 3:
-        time.sleep(0.001)
+    wait_until(lambda: engine.stats().generated_tokens >= 3)
     engine.update_weights(new_model.state_dict(), version=1)
     res = future.result(timeout=60)
     assert res.finish_reason == "length" and len(res.token_ids) == 60
@@ -109,7 +116,6 @@ def test_close_aborts_in_flight_requests() -> None:
     cfg, model = tiny()
     engine = InferenceEngine(cfg, EngineConfig(max_context_tokens=2000), model.state_dict())
     future = engine.submit(request("x", prompts(1)[0], max_tokens=1500))
-    while not engine.stats().generated_tokens:
-        time.sleep(0.001)
+    wait_until(lambda: engine.stats().generated_tokens > 0)
     threading.Thread(target=engine.close).start()
     assert future.result(timeout=30).finish_reason == "abort"

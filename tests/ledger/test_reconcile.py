@@ -3,7 +3,7 @@ import time
 import pytest
 
 from rlsys.ledger.queries import show, stats
-from rlsys.ledger.reconcile import finish_job, reconcile_leases
+from rlsys.ledger.reconcile import finish_job, reconcile_leases, reconcile_rollouts
 from rlsys.types import RolloutState as S
 from tests.ledger.helpers import advance, planned_job
 
@@ -76,3 +76,38 @@ def test_scored_rollouts_survive_their_workers_death(ledger):
     ledger.release("w")
     assert reconcile_leases(ledger, job).lost == [ids[1]]
     assert ledger.rollout_state(ids[0]) == "scored"
+
+
+def test_retry_of_a_retry_uses_up_the_attempt_budget(ledger):
+    job, (rid,) = planned_job(ledger, 1)
+    chain = [rid]
+    for _ in range(3):
+        advance(ledger, [chain[-1]], RUNNING, owner="w")
+        result = reconcile_rollouts(
+            ledger, job, [chain[-1]], S.FAILED_WORKER_LOST, "task error", retry=True,
+            max_attempts=3,
+        )  # fmt: skip
+        assert result.lost == [chain[-1]]
+        chain += result.retries.values()
+    assert len(chain) == 3  # attempts 0, 1, 2: the third failure plans no fourth
+    assert [show(ledger, r)["rollout"]["attempt"] for r in chain] == [0, 1, 2]
+    assert show(ledger, chain[2])["rollout"]["retry_of"] == chain[1]
+
+
+def test_reconcile_rollouts_leaves_scored_and_terminal_rollouts_alone(ledger):
+    job, ids = planned_job(ledger, 3)
+    advance(ledger, ids[:1], (S.ADMITTED, S.RUNNING, S.SCORED))
+    advance(ledger, ids[1:2], RUNNING, owner="w")
+    result = reconcile_rollouts(ledger, job, ids[:2], S.FAILED_WORKER_LOST, "x", retry=True)
+    assert result.lost == [ids[1]]
+    assert ledger.rollout_state(ids[0]) == "scored"
+
+
+def test_stopped_job_parks_scored_rollouts_instead_of_cancelling_them(ledger):
+    job, ids = planned_job(ledger, 3)
+    advance(ledger, ids[:1], (S.ADMITTED, S.RUNNING, S.SCORED))  # its trajectory: in the stream
+    advance(ledger, ids[1:2], RUNNING, owner="w")
+    assert finish_job(ledger, job, "stopped") == 2
+    out = stats(ledger, job)
+    assert ledger.rollout_state(ids[0]) == "scored"
+    assert out["parked"] == 1 and out["lost"] == 0 and out["terminal"]["cancelled"] == 2

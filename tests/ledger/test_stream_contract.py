@@ -1,17 +1,19 @@
 """The rollout-stream contract, run unchanged against every backend.
 
-The `backend` fixture is parametrised: the in-memory run is marked `unit`, the Redis run
-`services` (real server at RLSYS_TEST_REDIS_URL, default 127.0.0.1:6379; skipped with the
-reason if it does not answer). Each test gets its own stream name, deleted afterwards.
+The `backend` fixture is parametrised: the in-memory and SQLite runs are marked `unit`, the
+Redis run `services` (real server at RLSYS_TEST_REDIS_URL, default 127.0.0.1:6379; skipped
+with the reason if it does not answer, failed under RLSYS_REQUIRE_SERVICES=1). Each test
+gets its own stream name, deleted afterwards.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -19,13 +21,18 @@ from rlsys.ledger.stream import (
     MemoryStreamConfig,
     RedisStreamConfig,
     RolloutStream,
-    StreamConnectionError,
+    SqliteStreamConfig,
     entry_id_key,
     open_stream,
     resume_consumer,
 )
+from tests.conftest import REDIS_URL, require_service
 
-REDIS_URL = os.environ.get("RLSYS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 6379
+
 
 MakeStream = Callable[..., RolloutStream]
 
@@ -33,10 +40,11 @@ MakeStream = Callable[..., RolloutStream]
 @pytest.fixture(
     params=[
         pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("sqlite", marks=pytest.mark.unit),
         pytest.param("redis", marks=pytest.mark.services),
     ]
 )
-def make_stream(request: pytest.FixtureRequest) -> Iterator[MakeStream]:
+def make_stream(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeStream]:
     """Opens handles on one fresh stream: `make_stream(group=..., delete_acked=...)`."""
     name = f"rlsys:test:{uuid.uuid4().hex}"
     opened: list[RolloutStream] = []
@@ -44,14 +52,20 @@ def make_stream(request: pytest.FixtureRequest) -> Iterator[MakeStream]:
     def make(group: str = "trainer", delete_acked: bool = True) -> RolloutStream:
         if request.param == "memory":
             config = MemoryStreamConfig(name=name, group=group, delete_acked=delete_acked)
+        elif request.param == "sqlite":
+            config = SqliteStreamConfig(
+                path=str(tmp_path / "stream.db"),
+                stream=name,
+                group=group,
+                delete_acked=delete_acked,
+            )
         else:
             config = RedisStreamConfig(
                 url=REDIS_URL, stream=name, group=group, delete_acked=delete_acked
             )
-        try:
-            stream = open_stream(config)
-        except StreamConnectionError as exc:
-            pytest.skip(f"Redis did not answer: {exc}")
+        if request.param == "redis":
+            require_service("Redis", *_host_port(REDIS_URL))
+        stream = open_stream(config)
         opened.append(stream)
         return stream
 

@@ -14,10 +14,12 @@ import pytest
 
 from rlsys.ledger.memory_stream import MemoryRolloutStream
 from rlsys.ledger.redis_stream import RedisRolloutStream
+from rlsys.ledger.sqlite_stream import SqliteRolloutStream
 from rlsys.ledger.stream import (
     MemoryStreamConfig,
     RedisStreamConfig,
     RolloutStream,
+    SqliteStreamConfig,
     StreamError,
     open_stream,
     parse_stream_url,
@@ -108,7 +110,11 @@ def test_deleted_stream_reports_its_missing_group(stream_name: str) -> None:
 
 
 def test_registry_maps_every_backend_name_to_its_class(stream_name: str) -> None:
-    assert stream_backends() == {"memory": MemoryRolloutStream, "redis": RedisRolloutStream}
+    assert stream_backends() == {
+        "memory": MemoryRolloutStream,
+        "redis": RedisRolloutStream,
+        "sqlite": SqliteRolloutStream,
+    }
     stream = open_stream(MemoryStreamConfig(name=stream_name))
     assert isinstance(stream, MemoryRolloutStream) and isinstance(stream, RolloutStream)
     stream.delete()
@@ -119,6 +125,12 @@ def test_memory_url_names_the_stream_and_group() -> None:
         name="job7", group="eval"
     )
     assert parse_stream_url("memory://") == MemoryStreamConfig()
+
+
+def test_sqlite_url_names_the_file_and_stream() -> None:
+    assert parse_stream_url("sqlite:///tmp/run/stream.db?stream=job7") == SqliteStreamConfig(
+        path="/tmp/run/stream.db", stream="job7"
+    )
 
 
 def test_redis_url_keeps_connection_options_and_takes_stream_options() -> None:

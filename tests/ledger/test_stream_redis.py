@@ -1,17 +1,18 @@
 """Redis rollout stream against the real server: dead consumer processes and bad URLs.
 
 The behaviour shared with the in-memory backend lives in test_stream_contract.py. The server
-is RLSYS_TEST_REDIS_URL (default 127.0.0.1:6379); tests skip, saying so, if it is silent.
+is RLSYS_TEST_REDIS_URL (default 127.0.0.1:6379); tests skip, saying so, if it is silent
+(fail under RLSYS_REQUIRE_SERVICES=1).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -22,10 +23,10 @@ from rlsys.ledger.stream import (
     StreamConnectionError,
     open_stream,
 )
+from tests.conftest import REDIS_URL, require_service
 
 pytestmark = pytest.mark.services
 
-REDIS_URL = os.environ.get("RLSYS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # A worker that takes three entries and dies without acknowledging them.
 DEAD_WORKER = """
@@ -39,10 +40,9 @@ print(" ".join(e.entry_id for e in stream.read("worker-dead", count=3)))
 @pytest.fixture
 def config() -> Iterator[RedisStreamConfig]:
     config = RedisStreamConfig(url=REDIS_URL, stream=f"rlsys:test:{uuid.uuid4().hex}")
-    try:
-        stream = open_stream(config)
-    except StreamConnectionError as exc:
-        pytest.skip(f"Redis did not answer: {exc}")
+    parts = urlsplit(REDIS_URL)
+    require_service("Redis", parts.hostname or "127.0.0.1", parts.port or 6379)
+    stream = open_stream(config)
     yield config
     stream.delete()
     stream.close()

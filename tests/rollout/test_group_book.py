@@ -14,14 +14,14 @@ def test_ready_groups_come_out_oldest_first_and_stragglers_are_tracked():
     book.add("g1", 1, ["c", "d"], version=1)
     book.add("g2", 2, ["e"], version=2)
     assert book.oldest_open_version() == 0
-    for rid, g in (("c", "x"), ("d", "x"), ("e", "x")):
-        book.scored(rid, g, None)
-    book.scored("a", "x", None)
+    for rid in ("c", "d", "e"):
+        book.scored(rid)
+    book.scored("a")
     assert book.oldest_open_version() == 0  # g0 still waits for "b"
     assert [g.group_id for g in book.take_ready(5)] == ["g1", "g2"]
     book.failed("b", retry_id="b2")  # a lost member is replaced by its retry
     assert book.oldest_open_version() == 0 and not book.groups["g0"].ready
-    book.scored("b2", "x", None)
+    book.scored("b2")
     assert [g.group_id for g in book.take_ready(1)] == ["g0"]
     assert book.oldest_open_version() is None
 
@@ -39,5 +39,5 @@ def test_only_groups_still_generating_count_as_stragglers():
     book.add("old", 0, ["a"], version=0)
     book.add("new", 1, ["b"], version=2)
     assert book.oldest_unready_version() == 0 and book.oldest_open_version() == 0
-    book.scored("a", "x", None)  # ready: waiting cannot make it fresher
+    book.scored("a")  # ready: waiting cannot make it fresher
     assert book.oldest_unready_version() == 2 and book.oldest_open_version() == 0

@@ -4,12 +4,13 @@ import math
 
 import pytest
 
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
-from rlsys.sandboxes.compaction import CompactionConfig
-from rlsys.sandboxes.events import ListEventSink
-from rlsys.sandboxes.replay import ReplayGenerator
-from rlsys.sandboxes.scaffold import ScaffoldConfig, run_rollout
-from rlsys.sandboxes.tasks.arithmetic import ArithmeticTask
+from rlsys.rollout.compaction import CompactionConfig
+from rlsys.rollout.events import ListEventSink
+from rlsys.rollout.replay import ReplayGenerator
+from rlsys.rollout.scaffold import ScaffoldConfig, run_rollout
+from rlsys.rollout.tasks.arithmetic import ArithmeticTask
 from rlsys.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.unit
@@ -141,7 +142,7 @@ def test_compaction_starts_a_new_segment_from_the_policys_state():
     compaction = CompactionConfig(max_compactions=1, max_state_tokens=24)
     config = ScaffoldConfig(
         context_budget=520,
-        max_new_tokens=48,
+        sampling=SamplingConfig(max_tokens_per_turn=48),
         max_observation_tokens=16,
         max_turns=20,
         compaction=compaction,
@@ -192,7 +193,7 @@ def test_compaction_starts_a_new_segment_from_the_policys_state():
 def test_full_context_without_compactions_left_stops_at_the_context_budget():
     config = ScaffoldConfig(
         context_budget=400,
-        max_new_tokens=48,
+        sampling=SamplingConfig(max_tokens_per_turn=48),
         max_observation_tokens=16,
         max_turns=50,
         compaction=CompactionConfig(max_compactions=0),
@@ -255,13 +256,16 @@ def test_verifier_crash_is_failed_reward_not_zero():
 
 def test_a_prompt_that_cannot_fit_one_turn_is_a_config_error():
     with pytest.raises(ValueError, match="context_budget"):
-        _run(ReplayGenerator([_answer()]), ScaffoldConfig(context_budget=200, max_new_tokens=128))
+        _run(
+            ReplayGenerator([_answer()]),
+            ScaffoldConfig(context_budget=200, sampling=SamplingConfig(max_tokens_per_turn=128)),
+        )
 
 
 def test_tool_latency_delays_each_observation_deterministically_and_is_capped():
     import time
 
-    from rlsys.sandboxes.latency import ToolLatencyConfig, tool_delay_s
+    from rlsys.rollout.latency import ToolLatencyConfig, tool_delay_s
 
     cfg = ToolLatencyConfig(median_s=0.5, sigma=1.5, max_s=4.0)
     draws = [tool_delay_s(cfg, f"r{i}", 0) for i in range(2000)]

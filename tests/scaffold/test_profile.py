@@ -2,8 +2,8 @@
 
 import pytest
 
-from rlsys.sandboxes.profile import discriminativeness, group_reward_stats
-from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
+from rlsys.rollout.profile import discriminativeness, group_reward_stats
+from rlsys.rollout.tasks.registry import build_task, parse_task_config
 
 pytestmark = pytest.mark.unit
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from rlsys.sandboxes.demos import make_demonstrations
-from rlsys.sandboxes.events import ListEventSink
-from rlsys.sandboxes.replay import ReplayGenerator
-from rlsys.sandboxes.scaffold import ScaffoldConfig, run_rollout
-from rlsys.sandboxes.tasks.base import TaskInstance
-from rlsys.sandboxes.tasks.code import TEST_FILE, CodeTask, CodeTaskConfig, visible_tests
-from rlsys.sandboxes.tasks.code_problems import PROBLEMS_BY_NAME
-from rlsys.sandboxes.tasks.code_verifier import verify_solution
-from rlsys.sandboxes.tasks.registry import build_task, parse_task_config
-from rlsys.sandboxes.toolcall import format_tool_call
+from rlsys.rollout.demos import make_demonstrations
+from rlsys.rollout.events import ListEventSink
+from rlsys.rollout.replay import ReplayGenerator
+from rlsys.rollout.scaffold import ScaffoldConfig, run_rollout
+from rlsys.rollout.tasks.base import TaskInstance
+from rlsys.rollout.tasks.code import TEST_FILE, CodeTask, CodeTaskConfig, visible_tests
+from rlsys.rollout.tasks.code_problems import PROBLEMS_BY_NAME
+from rlsys.rollout.tasks.code_verifier import verify_solution
+from rlsys.rollout.tasks.registry import build_task, parse_task_config
+from rlsys.rollout.toolcall import format_tool_call
 from rlsys.tokenizer import ByteTokenizer
 from tests.scaffold.helpers import CountingBwrap
 
@@ -263,8 +263,8 @@ def test_paths_outside_the_workspace_are_observations_not_failures(bwrap):
 
 
 def test_arithmetic_names_its_answer_digits_and_the_prompt_can_drop_instructions():
-    from rlsys.sandboxes.tasks.arithmetic import DIGIT_IDS, ArithmeticTask, ArithmeticTaskConfig
-    from rlsys.sandboxes.tasks.code import CodeTask
+    from rlsys.rollout.tasks.arithmetic import DIGIT_IDS, ArithmeticTask, ArithmeticTaskConfig
+    from rlsys.rollout.tasks.code import CodeTask
 
     assert ArithmeticTask().content_token_ids == DIGIT_IDS == frozenset(range(48, 58))
     assert CodeTask().content_token_ids == frozenset()

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from rlsys.sandboxes.toolcall import (
+from rlsys.rollout.toolcall import (
     FinalAnswer,
     ToolCall,
     ToolCallError,

@@ -84,8 +84,8 @@ def test_critic_and_reference_live_on_the_models_device() -> None:
 
 
 def test_warm_start_on_cuda_lowers_the_nll() -> None:
-    from rlsys.sandboxes.demos import make_demonstrations
-    from rlsys.sandboxes.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
+    from rlsys.rollout.demos import make_demonstrations
+    from rlsys.rollout.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
     from rlsys.trainer import supervised_warm_start
 
     # the task's byte-level tokens need the byte vocabulary (the tiny preset has 64 ids)

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlsys.rollout.tools import Tool, ToolContext
 from rlsys.sandboxes.base import Sandbox
-from rlsys.sandboxes.tools import Tool, ToolContext
 
 SandboxFactory = Callable[[], Sandbox]
 

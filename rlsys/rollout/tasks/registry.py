@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
-from rlsys.sandboxes.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
-from rlsys.sandboxes.tasks.base import Task
-from rlsys.sandboxes.tasks.code import CodeTask, CodeTaskConfig
+from rlsys.rollout.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
+from rlsys.rollout.tasks.base import Task
+from rlsys.rollout.tasks.code import CodeTask, CodeTaskConfig
 
 TaskConfig = Annotated[ArithmeticTaskConfig | CodeTaskConfig, Field(discriminator="type")]
 

@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rlsys.sandboxes.tasks.base import SandboxFactory, TaskInstance, Verdict
-from rlsys.sandboxes.toolcall import format_answer, format_tool_call
-from rlsys.sandboxes.tools import Tool, ToolContext, select_tools
+from rlsys.rollout.tasks.base import SandboxFactory, TaskInstance, Verdict
+from rlsys.rollout.toolcall import format_answer, format_tool_call
+from rlsys.rollout.tools import Tool, ToolContext, select_tools
 
 DIGIT_IDS = frozenset(b"0123456789")  # byte-level token ids of the digits
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import random
 
-from rlsys.sandboxes.events import NullEventSink
-from rlsys.sandboxes.replay import ReplayGenerator
-from rlsys.sandboxes.scaffold import ScaffoldConfig, run_rollout
-from rlsys.sandboxes.tasks.base import SandboxFactory, Task
+from rlsys.rollout.events import NullEventSink
+from rlsys.rollout.replay import ReplayGenerator
+from rlsys.rollout.scaffold import ScaffoldConfig, run_rollout
+from rlsys.rollout.tasks.base import SandboxFactory, Task
 from rlsys.tokenizer import ByteTokenizer
 from rlsys.trajectory import Trajectory
 

@@ -14,7 +14,7 @@ Each refusal or rollback is a turn-level penalty (the scaffold records it); the 
 goes on. Read-only permissions cannot protect anything here (the sandbox user owns the
 workspace folder and may rename what it cannot write), so hashes are the mechanism.
 The verifier does not rely on this guard alone: it runs in a fresh sandbox, takes only the
-solution file and trusts no exit code (see `rlsys.sandboxes.tasks.code_verifier`).
+solution file and trusts no exit code (see `rlsys.rollout.tasks.code_verifier`).
 """
 
 from __future__ import annotations

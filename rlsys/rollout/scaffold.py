@@ -30,15 +30,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult, Generator, SamplingParams
-from rlsys.sandboxes.compaction import STATE_CLOSE, CompactionConfig, extract_state, resume_prompt
-from rlsys.sandboxes.events import EventSink
-from rlsys.sandboxes.failures import RolloutAbort, RolloutFailure, describe, tail
-from rlsys.sandboxes.latency import ToolLatencyConfig, tool_delay_s
-from rlsys.sandboxes.profile import RolloutProfile, profile_trajectory
-from rlsys.sandboxes.tasks.base import Episode, SandboxFactory, Task, Verdict
-from rlsys.sandboxes.toolcall import TOOL_STOP_STRINGS, FinalAnswer, ToolCallError, parse_action
-from rlsys.sandboxes.tools import ToolArgumentError, execute
+from rlsys.rollout.compaction import STATE_CLOSE, CompactionConfig, extract_state, resume_prompt
+from rlsys.rollout.events import EventSink
+from rlsys.rollout.failures import RolloutAbort, RolloutFailure, describe, tail
+from rlsys.rollout.latency import ToolLatencyConfig, tool_delay_s
+from rlsys.rollout.profile import RolloutProfile, profile_trajectory
+from rlsys.rollout.tasks.base import Episode, SandboxFactory, Task, Verdict
+from rlsys.rollout.toolcall import TOOL_STOP_STRINGS, FinalAnswer, ToolCallError, parse_action
+from rlsys.rollout.tools import ToolArgumentError, execute
 from rlsys.tokenizer import ByteTokenizer
 from rlsys.trajectory import Segment, Trajectory
 
@@ -53,12 +54,16 @@ class ScaffoldConfig(BaseModel):
 
     max_turns: int = Field(8, ge=1, le=1024, description="Generations per rollout.")
     context_budget: int = Field(4096, ge=64, description="Most tokens in one context.")
-    max_new_tokens: int = Field(512, ge=1, description="Generation budget of one turn.")
     max_observation_tokens: int = Field(512, ge=16, description="Observations are cut here.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k cut (0: off).")
-    candidate_cap: int = Field(64, ge=1, description="Recorded top-p candidates per token.")
+    # A job always passes its own `sampling` section; the scaffold alone (demonstrations,
+    # tests) keeps room for a whole file written in one action.
+    sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(max_tokens_per_turn=512),
+        description="The job's sampling section (temperature, top-p/k, tokens per turn).",
+    )
+    candidate_cap: int = Field(
+        64, ge=1, description="Recorded top-p candidates per token (the engine section's)."
+    )
     malformed_penalty: float = Field(-0.1, le=0.0, description="Per malformed action.")
     blocked_hack_penalty: float = Field(-0.5, le=0.0, description="Per refused hack attempt.")
     rollout_timeout_s: float = Field(600.0, gt=0, description="Wall limit of one rollout.")
@@ -67,14 +72,13 @@ class ScaffoldConfig(BaseModel):
         None, description="Simulated environment delay before each observation (benchmarks)."
     )
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_tokens=self.max_new_tokens,
-            candidate_cap=self.candidate_cap,
-        )
+    @property
+    def max_new_tokens(self) -> int:
+        """Generation budget of one turn."""
+        return self.sampling.max_tokens_per_turn
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams.from_config(self.sampling, self.candidate_cap)
 
 
 @dataclass
@@ -221,7 +225,9 @@ class AgentLoop:
             request_id=f"{self.traj.rollout_id}:{p.turn}",
             session_id=self.session_id,
             prompt_ids=list(seg.token_ids),
-            sampling=replace(self.config.sampling(), max_tokens=max_tokens, stop_strings=stops),
+            sampling=replace(
+                self.config.sampling_params(), max_tokens=max_tokens, stop_strings=stops
+            ),
         )
         try:
             result = self.generator.generate(request)

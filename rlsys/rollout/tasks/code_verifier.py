@@ -23,9 +23,9 @@ import json
 import secrets
 from typing import Any, Literal
 
+from rlsys.rollout.failures import RolloutAbort, describe
+from rlsys.rollout.tasks.base import SandboxFactory, Verdict
 from rlsys.sandboxes.base import SandboxError
-from rlsys.sandboxes.failures import RolloutAbort, describe
-from rlsys.sandboxes.tasks.base import SandboxFactory, Verdict
 
 RewardMode = Literal["fraction", "pass_fail"]
 RUNNER_FILE = "_verify.py"

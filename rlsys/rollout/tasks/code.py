@@ -5,7 +5,7 @@ The workspace starts with a stub `solution.py` and a visible, protected `test_so
 `<answer>` (any text, e.g. "done") or a budget; then the hidden tests run in a fresh
 sandbox (`code_verifier`).
 
-Anti-hacking (see `rlsys.sandboxes.guard`): edits of the visible tests, hook files
+Anti-hacking (see `rlsys.rollout.guard`): edits of the visible tests, hook files
 (conftest.py, sitecustomize.py) and sources that short-circuit a verifier are refused in
 flight or rolled back after the command, and penalised on that turn only; the rollout goes
 on.
@@ -22,13 +22,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlsys.rollout.guard import WorkspaceGuard
+from rlsys.rollout.tasks.base import SandboxFactory, TaskInstance, Verdict
+from rlsys.rollout.tasks.code_problems import PROBLEMS, PROBLEMS_BY_NAME, Problem
+from rlsys.rollout.tasks.code_verifier import SOLUTION_FILE, RewardMode, verify_solution
+from rlsys.rollout.toolcall import format_answer, format_tool_call
+from rlsys.rollout.tools import CommandTimeoutPolicy, Tool, ToolContext, select_tools
 from rlsys.sandboxes.base import Sandbox
-from rlsys.sandboxes.guard import WorkspaceGuard
-from rlsys.sandboxes.tasks.base import SandboxFactory, TaskInstance, Verdict
-from rlsys.sandboxes.tasks.code_problems import PROBLEMS, PROBLEMS_BY_NAME, Problem
-from rlsys.sandboxes.tasks.code_verifier import SOLUTION_FILE, RewardMode, verify_solution
-from rlsys.sandboxes.toolcall import format_answer, format_tool_call
-from rlsys.sandboxes.tools import CommandTimeoutPolicy, Tool, ToolContext, select_tools
 
 TEST_FILE = "test_solution.py"
 

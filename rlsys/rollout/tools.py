@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from rlsys.rollout.failures import RolloutAbort, describe
+from rlsys.rollout.guard import WorkspaceGuard, normalize
+from rlsys.rollout.toolcall import ToolCall
 from rlsys.sandboxes.base import Sandbox, SandboxError
-from rlsys.sandboxes.failures import RolloutAbort, describe
-from rlsys.sandboxes.guard import WorkspaceGuard, normalize
-from rlsys.sandboxes.toolcall import ToolCall
 
 CommandTimeoutPolicy = Literal["fail", "observe"]
 
