@@ -21,7 +21,7 @@ run: setup
 	$(BIN)/rlsys run configs/quickstart.yaml
 
 test: setup
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra --durations=25
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
