@@ -45,7 +45,8 @@ OWNERS = {
 # (types, tokenizer, trajectory) count as packages.
 ALLOWED_EDGES: dict[str, set[str]] = {
     "rlsys.cli": {"rlsys.actors", "rlsys.config", "rlsys.engine", "rlsys.ledger",
-                  "rlsys.model", "rlsys.sandboxes", "rlsys.tracking", "rlsys.types"},
+                  "rlsys.model", "rlsys.sandboxes", "rlsys.tracking", "rlsys.trainer",
+                  "rlsys.types"},
     "rlsys.actors": {"rlsys.config", "rlsys.engine", "rlsys.ledger", "rlsys.model",
                      "rlsys.rollout", "rlsys.sandboxes", "rlsys.tokenizer", "rlsys.tracking",
                      "rlsys.trainer", "rlsys.trajectory", "rlsys.types"},

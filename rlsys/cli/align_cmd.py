@@ -2,8 +2,9 @@
 trainer log-prob check (on GPUs with `--backend nccl`).
 
 Generates with the native engine under each TP degree (mixed batches, prefix-cache hits),
-recomputes with the trainer's full forward and prints, per degree, `max_abs_logprob_diff`
-and `num_tokens`. Exits 1 when any difference is not exactly 0.0.
+recomputes with the job's trainer on its RL path (micro-batch packing, chunked LM head,
+expert-route and candidate-set replay: `rlsys.trainer.recompute`) and prints, per degree,
+`max_abs_logprob_diff` and `num_tokens`. Exits 1 when any difference is not exactly 0.0.
 Invariant: importing this module imports click and the standard library only.
 """
 
@@ -11,10 +12,16 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from rlsys.cli.errors import UserError
+
+if TYPE_CHECKING:
+    from rlsys.config.job import JobConfig
+    from rlsys.engine.align import Pairs, Recompute
+    from rlsys.model import Transformer
 
 
 def _degrees(text: str) -> list[int]:
@@ -46,6 +53,19 @@ def _load_job(path: str):  # type: ignore[no-untyped-def]
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise UserError(f"{path}: {where}: {first['msg']}") from None
+
+
+def _trainer_path(job: JobConfig) -> Recompute:
+    """The recompute of `rlsys.engine.align` done by the job's trainer (its replay modes,
+    micro-batching and LM-head chunking), not by a bare `Transformer.forward`."""
+    from rlsys.trainer.recompute import trainer_logprob_diff
+    from rlsys.trainer.trainer import Trainer
+
+    def recompute(model: Transformer, pairs: Pairs, temperature: float) -> tuple[float, int]:
+        trainer = Trainer(model, job.trainer, job.algo, temperature=temperature)
+        return trainer_logprob_diff(trainer, pairs)
+
+    return recompute
 
 
 @click.command("align")
@@ -82,7 +102,15 @@ def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: boo
     )
     sampling = SamplingParams.from_config(job.sampling, job.engine.candidate_cap)
     sampling = replace(sampling, max_tokens=min(max_tokens, sampling.max_tokens))
-    rows = alignment_report(model_cfg, engine_cfg, sampling, degrees, seed=job.seed, device=device)
+    rows = alignment_report(
+        model_cfg,
+        engine_cfg,
+        sampling,
+        degrees,
+        seed=job.seed,
+        device=device,
+        recompute=_trainer_path(job),
+    )
     report = {
         "model": job.model.preset,
         "compute_dtype": model_cfg.compute_dtype,

@@ -7,10 +7,15 @@ session (prefix-cache hits), and two sessions share a first prompt (an exact hit
 trainer's forward (`Transformer.forward`, TP=1, fresh, one sequence at a time) recomputes
 every generated token's log-prob with `behaviour_log_probs` (candidate set, temperature).
 At staleness 0 the difference must be exactly 0.0 for every degree.
+
+`recompute` swaps that trainer side: `rlsys align` passes the trainer's real RL path
+(`rlsys.trainer.recompute`: packing, chunked LM head, replay), which this package may not
+import itself (the engine sits below the trainer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +110,10 @@ def recompute_diff(
     return worst, count
 
 
+Pairs = list[tuple[list[int], GenerationResult]]
+Recompute = Callable[[Transformer, Pairs, float], tuple[float, int]]
+
+
 def alignment_report(
     model_cfg: ModelConfig,
     engine_cfg: EngineConfig,
@@ -113,8 +122,9 @@ def alignment_report(
     seed: int = 0,
     sessions: int = 6,
     device: str = "cpu",
+    recompute: Recompute = recompute_diff,
 ) -> list[AlignRow]:
-    """One row per TP degree (see module doc); the trainer's forward runs on `device`."""
+    """One row per TP degree (see module doc); the trainer's side runs on `device`."""
     torch.manual_seed(seed)
     model = Transformer(model_cfg).eval()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -123,7 +133,7 @@ def alignment_report(
     for degree in degrees:
         cfg = engine_cfg.model_copy(update={"tp": degree, "max_running": max(2, sessions - 2)})
         pairs, max_rows = run_engine(model_cfg, cfg, state, prompts, sampling)
-        diff, count = recompute_diff(model.to(device), pairs, sampling.temperature)
+        diff, count = recompute(model.to(device), pairs, sampling.temperature)
         hits = sum(res.prefix_cache_hit_tokens for _, res in pairs)
         rows.append(AlignRow(degree, diff, count, hits, max_rows))
     return rows

@@ -34,3 +34,19 @@ def test_bad_tp_list_and_bad_config_are_user_errors(tmp_path: Path) -> None:
     result = CliRunner().invoke(align, [str(bad)])
     assert isinstance(result.exception, UserError)
     assert "engine.max_running" in str(result.exception)
+
+
+def test_align_recomputes_through_the_trainers_configured_path(tmp_path: Path) -> None:
+    """The trainer side is the job's trainer: with candidate-set replay turned off it
+    normalises over the whole vocabulary, not the engine's candidate set, and align says so
+    (a bare model forward would still report 0.0)."""
+    import yaml
+
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["trainer"]["replay_candidates"] = False
+    config = tmp_path / "no-candidate-replay.yaml"
+    config.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(align, [str(config), "--tp", "1", "--json"])
+    assert result.exit_code == 1, result.output
+    row = json.loads(result.output.splitlines()[0])["tp"]["1"]
+    assert row["max_abs_logprob_diff"] > 0.0 and row["num_tokens"] > 0
