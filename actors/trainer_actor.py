@@ -93,6 +93,7 @@ class TrainerActor:
             content_ids=task.content_token_ids,
             content_weight=ws.content_weight,
             lr_schedule=ws.lr_schedule,
+            mtp_weight=self.cfg.trainer.mtp_weight,
         )
         return {"demonstrations": len(demos), "nll_first": losses[0], "nll_last": losses[-1]}
 

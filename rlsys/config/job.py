@@ -148,6 +148,12 @@ class TrainerSection(_Section):
     )
     replay_candidates: bool = Field(True, description="Log-probs over the recorded top-p set only.")
     zero_center: bool = Field(True, description="Zero-center projection on the logit gradient.")
+    mtp_weight: float = Field(
+        0.1,
+        ge=0,
+        description="Weight of the MTP heads' next-next-token loss on the policy tokens, in "
+        "the warm start and RL steps; it trains the heads only, never the policy (0 = off).",
+    )
     lm_head_chunk: int = Field(
         1024,
         ge=0,

@@ -7,8 +7,9 @@ One step (`train_step`), in order:
    tokens, or, once the critic is past its pre-training phase, return minus critic value;
 3. per micro-batch: packed forward with routed-expert replay, chunked LM head with top-p
    candidate-set replay and zero-center projection, the objective (`rlsys.algo`) weighted
-   by the aggregation's per-token weights, backward (gradients accumulate);
-4. global gradient-norm clip, AdamW, MoE balance update; step and policy version + 1.
+   by the aggregation's per-token weights, backward (gradients accumulate); the MTP heads'
+   loss on the same hidden states, detached (`mtp_loss.py`: it trains the heads only);
+4. global gradient-norm clip (the policy's; the MTP heads' apart), AdamW, MoE balance update; step and policy version + 1.
 
 Device: the trainer runs where the model's parameters are (CPU, or the GPU Ray gave its
 actor). Packing builds on CPU and moves each micro-batch once; log-probs it returns to
@@ -47,6 +48,7 @@ from rlsys.trainer.critic import Critic
 from rlsys.trainer.forward import packed_hidden
 from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
 from rlsys.trainer.metrics import StepMetrics, TokenSums
+from rlsys.trainer.mtp_loss import clip_policy_and_mtp, mtp_loss, mtp_nll
 from rlsys.trajectory import Trajectory
 
 
@@ -160,7 +162,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for batch, w in zip(batches, weights, strict=True):
             self._micro_step(batch, w, outcome, use_critic, aux_scale, sums)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        grad_norm = clip_policy_and_mtp(self.model, self.cfg.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
         self.optimizer.step()
@@ -221,6 +223,12 @@ class Trainer:
         kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros((), device=self.device)
         loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
         loss.backward()
+        if self.cfg.mtp_weight > 0:  # its own graph: the heads' parameters only (mtp_loss.py)
+            opts = self.logprob_options
+            per_depth = mtp_nll(self.model, h_Nd, batch, opts.valid_vocab, opts.chunk)
+            heads_loss = mtp_loss(per_depth, w_P)
+            if heads_loss is not None:
+                (self.cfg.mtp_weight * heads_loss).backward()
         weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
         fresh_P = batch.versions_P.to(out.logp_P.device) == self.version
         sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted, fresh_P)

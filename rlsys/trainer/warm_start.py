@@ -34,6 +34,7 @@ from rlsys.model import Transformer
 from rlsys.trainer.batch import pack
 from rlsys.trainer.forward import packed_hidden
 from rlsys.trainer.logprobs import LogProbOptions, policy_log_probs
+from rlsys.trainer.mtp_loss import clip_policy_and_mtp, mtp_loss, mtp_nll
 from rlsys.trajectory import Trajectory
 
 LR_SCHEDULES: dict[str, Callable[[int, int], float]] = {
@@ -59,12 +60,14 @@ def supervised_warm_start(
     content_ids: frozenset[int] = frozenset(),
     content_weight: float = 0.0,
     lr_schedule: str = "stable_decay",
+    mtp_weight: float = 0.1,
 ) -> list[float]:
     """`steps` AdamW steps on batches drawn without replacement (reshuffled each epoch);
     returns the mean per-token negative log-likelihood of each step.
 
     The loss is the mean NLL of all policy tokens, plus `content_weight` times the mean NLL
-    of the policy tokens whose id is in `content_ids` (when the batch has any)."""
+    of the policy tokens whose id is in `content_ids` (when the batch has any), plus
+    `mtp_weight` times the MTP heads' NLL on the same tokens (it trains the heads only)."""
     if not demonstrations:
         raise ValueError("warm start needs at least one demonstration")
     device = next(model.parameters()).device
@@ -103,9 +106,13 @@ def supervised_warm_start(
             is_content = torch.isin(batch.targets_P, content)
             if bool(is_content.any()):
                 loss = nll + content_weight * -out.logp_P[is_content].mean()
+        if mtp_weight > 0:
+            heads_loss = mtp_loss(mtp_nll(model, h, batch, options.valid_vocab, options.chunk))
+            if heads_loss is not None:
+                loss = loss + mtp_weight * heads_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        clip_policy_and_mtp(model, grad_clip)
         optimizer.step()
         model.update_balance()
         losses.append(float(nll.detach()))
