@@ -16,6 +16,7 @@ ORDER = [
     "engine",
     "vllm_peer",
     "trainer",
+    "zero_center",
     "sandboxes",
     "admission",
     "job",
