@@ -158,6 +158,13 @@ class TrainerSection(_Section):
         8192, ge=1, description="Tokens per forward/backward micro-batch (gradients accumulate)."
     )
     checkpoint_every: int = Field(5, ge=1, description="Checkpoint every N optimiser steps.")
+    mismatch_rollouts: int = Field(
+        2,
+        ge=0,
+        description="Stale rollouts per step recomputed under the weights that sampled them "
+        "(host copies of the last max_staleness versions) for the `mismatch` metric; 0: "
+        "staleness-0 tokens only (no copies kept).",
+    )
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the trainer actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs of the trainer actor.")
     resources: dict[str, float] = Field(
