@@ -6,6 +6,12 @@ prompt followed by alternating policy turns (sampled by the engine) and observat
 policy's own resumable summary. Every policy token carries its behaviour log-prob, policy
 version, candidate set and routed experts; observation tokens carry none and are masked.
 
+Routed experts (R3): `routed_experts[i]` is the route of the forward row that produced
+token i's distribution (row i - 1). A policy token's comes with its generation; the rows of
+prompt and observation tokens come with the next request's `prompt_routed_experts`
+(`fill_context_routes`), so every row the policy conditioned on carries the route the
+engine used. None where the engine recorded none (then the trainer's router decides).
+
 Invariants: all per-token lists of a segment have the same length as `token_ids`;
 `policy_mask[i]` is True exactly for engine-sampled tokens; a turn's penalty applies only to
 the tokens of that turn (`turn_index[i] == turn`).
@@ -46,6 +52,24 @@ class Segment:
         self.turn_index += [turn] * n
         self.candidate_ids += candidates if policy and candidates is not None else [None] * n
         self.routed_experts += routed if policy and routed is not None else [None] * n
+
+    def fill_context_routes(self, context_routes: Any) -> int:
+        """Record the engine's routes of the context rows of a request whose prompt was
+        this segment's first tokens (`{"indices": (L, n, k), "gates": (L, n, k)}`, rows
+        0..n-1): row r's route goes to token r + 1, where none is recorded yet (a policy
+        token keeps the route it was generated with). Returns how many were filled."""
+        indices, gates = context_routes["indices"], context_routes["gates"]
+        rows = min(int(indices.shape[1]), len(self.token_ids) - 1)
+        filled = 0
+        for r in range(rows):
+            if self.routed_experts[r + 1] is None:
+                # a copy per row: a view would keep (and pickle) the whole request's tensor
+                self.routed_experts[r + 1] = {
+                    "indices": indices[:, r].clone(),
+                    "gates": gates[:, r].clone(),
+                }
+                filled += 1
+        return filled
 
 
 @dataclass

@@ -5,10 +5,11 @@ model's packed varlen forward). A policy token at segment position `i` is predic
 `i - 1` of its span (`pred_rows`); all per-policy-token data (targets, behaviour log-probs,
 versions, candidate sets, returns) is laid out in that order, `P` long.
 
-Routed-expert convention (shared with the engine): a policy token's recorded routes are
-those of the forward row that produced its distribution, i.e. its `pred_row`. Rows with a
-record are marked in `routed_rows`; the others (prompt, observations) are routed by the
-current router on replay.
+Routed-expert convention (shared with the engine): a token's recorded route is that of the
+forward row that produced its distribution (row i - 1 of its span; a policy token's
+`pred_row`). Policy tokens carry theirs; prompt and observation tokens carry the route the
+engine used when a later request fed them (`Segment.fill_context_routes`). Rows with a
+record are marked in `routed_rows`; the others are routed by the current router.
 
 Tensor legend: N packed rows, P policy tokens, C longest candidate set, L MoE layers,
 k experts per token.
@@ -89,6 +90,12 @@ def pack(
     for sample, seg, traj in items:
         spans.append((row, len(seg.token_ids)))
         tokens += seg.token_ids
+        if with_routes:  # every recorded row, policy or context (R3 over all of them)
+            route_rows += [
+                (row + i - 1, entry)
+                for i, entry in enumerate(seg.routed_experts)
+                if i and entry is not None
+            ]
         for i, is_policy in enumerate(seg.policy_mask):
             if not is_policy:
                 continue
@@ -99,8 +106,6 @@ def pack(
                 + (traj.reward + penalty, penalty)
             )
             cands.append(seg.candidate_ids[i])
-            if with_routes and seg.routed_experts[i] is not None:
-                route_rows.append((row + i - 1, seg.routed_experts[i]))
         row += len(seg.token_ids)
     cols = list(zip(*policy, strict=True)) if policy else [()] * 7
     width = max((len(c) for c in cands if c is not None), default=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -155,3 +157,25 @@ def test_mismatch_of_stale_rollouts_is_read_under_the_weights_that_sampled_them(
         assert m.mismatch["max_abs"] == 0.0
     else:
         assert m.mismatch is None  # nothing at staleness 0, no copies kept: not measured
+
+
+@pytest.mark.parametrize("context_routes", [True, False])
+def test_r3_over_every_row_reproduces_the_engine_under_a_moved_router(
+    context_routes: bool,
+) -> None:
+    """Routes and gates replayed on every row the policy conditioned on (prompt and
+    observations too, as the scaffold records them) make the forward the engine's, however
+    the router has moved; replayed on the sampled tokens' rows alone, the context is
+    re-routed and the log-probs move."""
+    model = tiny_model()
+    trajs = engine_trajectories(model, context_routes=context_routes)
+    _perturb_routers(model, scale=0.5)
+    trainer = make_trainer(model, replay_experts="indices_and_gates")
+    recomputed = trainer.log_probs(trajs)
+    same = [torch.equal(lp, behaviour(t)) for lp, t in zip(recomputed, trajs, strict=True)]
+    assert all(same) if context_routes else not all(same)
+    # the reference policy's forward replays the same rows
+    trainer.reference = copy.deepcopy(model)
+    batch = pack([(i, t.segments[0], t) for i, t in enumerate(trajs)])
+    ref = trainer._reference_log_probs(batch)
+    assert torch.equal(ref, torch.cat([behaviour(t) for t in trajs])) == context_routes
