@@ -9,8 +9,9 @@ version, candidate set and routed experts; observation tokens carry none and are
 Routed experts (R3): `routed_experts[i]` is the route of the forward row that produced
 token i's distribution (row i - 1). A policy token's comes with its generation; the rows of
 prompt and observation tokens come with the next request's `prompt_routed_experts`
-(`fill_context_routes`), so every row the policy conditioned on carries the route the
-engine used. None where the engine recorded none (then the trainer's router decides).
+(`fill_context_routes`, kept as blocks in `context_routes`), so every row the policy
+conditioned on carries the route the engine used. A token with neither has no record
+(then the trainer's router decides).
 
 Invariants: all per-token lists of a segment have the same length as `token_ids`;
 `policy_mask[i]` is True exactly for engine-sampled tokens; a turn's penalty applies only to
@@ -32,6 +33,8 @@ class Segment:
     turn_index: list[int] = field(default_factory=list)  # -1 for the initial prompt
     candidate_ids: list[list[int] | None] = field(default_factory=list)
     routed_experts: list[Any] = field(default_factory=list)  # per token; None if not policy
+    # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes
+    context_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
     def append(
         self,
@@ -56,20 +59,27 @@ class Segment:
     def fill_context_routes(self, context_routes: Any) -> int:
         """Record the engine's routes of the context rows of a request whose prompt was
         this segment's first tokens (`{"indices": (L, n, k), "gates": (L, n, k)}`, rows
-        0..n-1): row r's route goes to token r + 1, where none is recorded yet (a policy
-        token keeps the route it was generated with). Returns how many were filled."""
+        0..n-1; row r predicted token r + 1) for the tokens past the last one that has a
+        route: one block per request, not a record per row (a few bytes per token instead of
+        a pickled pair of tensors each). Returns how many tokens it covered."""
         indices, gates = context_routes["indices"], context_routes["gates"]
         rows = min(int(indices.shape[1]), len(self.token_ids) - 1)
-        filled = 0
-        for r in range(rows):
-            if self.routed_experts[r + 1] is None:
-                # a copy per row: a view would keep (and pickle) the whole request's tensor
-                self.routed_experts[r + 1] = {
-                    "indices": indices[:, r].clone(),
-                    "gates": gates[:, r].clone(),
-                }
-                filled += 1
-        return filled
+        start = self.route_frontier()
+        if start > rows:
+            return 0
+        block = {
+            "indices": indices[:, start - 1 : rows].clone(),
+            "gates": gates[:, start - 1 : rows].clone(),
+        }
+        self.context_routes.append((start, block))
+        return rows - start + 1
+
+    def route_frontier(self) -> int:
+        """The first token index (>= 1) after the last token that has a recorded route."""
+        last = max((i for i, e in enumerate(self.routed_experts) if e is not None), default=0)
+        for start, block in self.context_routes:
+            last = max(last, start + int(block["indices"].shape[1]) - 1)
+        return last + 1
 
 
 @dataclass

@@ -86,6 +86,7 @@ def pack(
     """Pack `(sample index, segment, its trajectory)` items into one `PackedBatch`."""
     tokens, spans, policy, cands = [], [], [], []
     route_rows: list[tuple[int, Any]] = []
+    route_blocks: list[tuple[int, dict[str, Any]]] = []
     row = 0
     for sample, seg, traj in items:
         spans.append((row, len(seg.token_ids)))
@@ -96,6 +97,7 @@ def pack(
                 for i, entry in enumerate(seg.routed_experts)
                 if i and entry is not None
             ]
+            route_blocks += [(row + start - 1, block) for start, block in seg.context_routes]
         for i, is_policy in enumerate(seg.policy_mask):
             if not is_policy:
                 continue
@@ -113,7 +115,7 @@ def pack(
     for p, c in enumerate(cands):
         if c:
             cand_PC[p, : len(c)] = torch.tensor(c, dtype=torch.int64)
-    routes, routed = _routes(route_rows, row)
+    routes, routed = _routes(route_rows, route_blocks, row)
     return PackedBatch(
         tokens_N=torch.tensor(tokens, dtype=torch.int64),
         spans=spans,
@@ -132,15 +134,25 @@ def pack(
 
 
 def _routes(
-    route_rows: list[tuple[int, Any]], num_rows: int
+    route_rows: list[tuple[int, Any]],
+    route_blocks: list[tuple[int, dict[str, Any]]],
+    num_rows: int,
 ) -> tuple[RoutedExperts | None, Tensor]:
+    """(L, N, k) routes from per-row entries and (first row, block) context blocks."""
     routed = torch.zeros(num_rows, dtype=torch.bool)
-    if not route_rows:
+    if route_rows:
+        layers, k = route_entry(route_rows[0][1])[0].shape
+    elif route_blocks:
+        layers, _, k = route_blocks[0][1]["indices"].shape
+    else:
         return None, routed
-    first_ids, first_gates = route_entry(route_rows[0][1])
-    layers, k = first_ids.shape
     ids = torch.zeros(layers, num_rows, k, dtype=torch.int64)
     gates = torch.zeros(layers, num_rows, k, dtype=torch.float32)
+    for r0, block in route_blocks:
+        n = int(block["indices"].shape[1])
+        ids[:, r0 : r0 + n] = torch.as_tensor(block["indices"]).to(torch.int64)
+        gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
+        routed[r0 : r0 + n] = True
     for r, entry in route_rows:
         ids[:, r], gates[:, r] = route_entry(entry)
         routed[r] = True
