@@ -57,6 +57,8 @@ class StepMetrics:
     step_s: float = 0.0
     tokens_per_s: float = 0.0
     mismatch: dict[str, float] | None = None
+    # sizes of the recorded candidate (top-p) sets of the step's policy tokens
+    candidate_set: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -65,8 +67,9 @@ class StepMetrics:
             "mean_abs": d.pop("logprob_drift_mean_abs"),
             "max_abs": d.pop("logprob_drift_max_abs"),
         }
-        if d["mismatch"] is None:
-            del d["mismatch"]
+        for optional in ("mismatch", "candidate_set"):
+            if d[optional] is None:
+                del d[optional]
         return d
 
 
@@ -149,3 +152,17 @@ class TokenSums:
                 "max_abs": self.fresh_max,
                 "k3_kl": self.fresh_k3 / self.fresh_tokens,
             }
+
+
+def candidate_set_sizes(batches: list[Any]) -> dict[str, float] | None:
+    """Mean, median, p90 and max size of the recorded candidate sets (tokens that have one;
+    None where none does): how much of the vocabulary the nucleus kept."""
+    sizes = torch.cat([(b.candidates_PC >= 0).sum(1)[b.has_candidates_P] for b in batches]).float()
+    if not sizes.numel():
+        return None
+    return {
+        "mean": float(sizes.mean()),
+        "p50": float(sizes.quantile(0.5)),
+        "p90": float(sizes.quantile(0.9)),
+        "max": float(sizes.max()),
+    }

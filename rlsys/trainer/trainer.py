@@ -46,7 +46,7 @@ from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlsys.trainer.critic import Critic
 from rlsys.trainer.forward import packed_hidden
 from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
-from rlsys.trainer.metrics import StepMetrics, TokenSums
+from rlsys.trainer.metrics import StepMetrics, TokenSums, candidate_set_sizes
 from rlsys.trainer.snapshots import VersionSnapshots, policy_columns, stale_sample
 from rlsys.trajectory import Trajectory
 
@@ -183,6 +183,7 @@ class Trainer:
         if stream_position is not None:
             self.stream_position = dict(stream_position)
         sums.fill(metrics)
+        metrics.candidate_set = candidate_set_sizes(packed)
         metrics.step, metrics.policy_version = self.step, self.version
         metrics.num_tokens = total_rows
         metrics.grad_norm = float(grad_norm)

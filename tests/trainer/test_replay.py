@@ -27,6 +27,8 @@ def test_staleness_zero_recomputed_log_probs_equal_behaviour_bitwise(dtype: str)
     assert m.mean_importance_weight == 1.0 and m.clipped_fraction == 0.0
     assert m.logprob_drift_max_abs == 0.0 and m.staleness_max == 0
     assert m.mismatch is not None and m.mismatch["tokens"] == m.num_policy_tokens
+    sizes = m.candidate_set  # top_p 0.9: nuclei, narrower than the vocabulary
+    assert sizes is not None and 1 <= sizes["p50"] <= sizes["max"] < model.cfg.vocab_size
     assert m.mismatch["max_abs"] == 0.0 and m.mismatch["k3_kl"] == 0.0
 
 
