@@ -19,6 +19,7 @@ ORDER = [
     "sandboxes",
     "admission",
     "job",
+    "fidelity",
     "gpu",
     "gpu_kernels",
     "gpu_engine",
