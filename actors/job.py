@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlsys.actors.admission import AdmissionActor
 from rlsys.actors.controller import Controller, JobHandles
@@ -102,7 +103,9 @@ def run_job(
             ).remote(f"replica-{i}", cfg_dict)
             for i in range(cfg.engine.replicas)
         }
-        admission = AdmissionActor.remote(
+        # The admission scheduler is the control plane's singleton: it lives on the driver's
+        # node, whose loss ends the job anyway, never on a node that may go with its workers.
+        admission = AdmissionActor.options(scheduling_strategy=_on_driver_node()).remote(
             list(replicas), max_running=cfg.engine.max_running, max_queue=cfg.engine.max_queue
         )
         make_worker = partial(_make_worker, cfg, job_id, admission, replicas, stream_url)
@@ -163,6 +166,10 @@ def run_job(
             ]:
                 ray.kill(actor, no_restart=True)
         ledger.close()
+
+
+def _on_driver_node() -> NodeAffinitySchedulingStrategy:
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 def _make_worker(

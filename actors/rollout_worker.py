@@ -26,6 +26,7 @@ import ray
 
 from rlsys.actors.handles import ReplicaGenerator, SchedulerProxy
 from rlsys.actors.ledger_sink import LedgerEventBuffer
+from rlsys.actors.ledger_writer import GroupCommitWriter
 from rlsys.actors.messages import Assignment, RolloutReport
 from rlsys.ledger.records import Transition
 from rlsys.ledger.store import Ledger
@@ -54,6 +55,8 @@ class RolloutWorker:
         cfg = JobConfig.model_validate(job_config)
         self.worker_id, self.job_id = worker_id, job_id
         self.ledger = Ledger.open(ledger_url, create=False)
+        # Concurrent rollouts' writes share transactions (see `ledger_writer`).
+        self.writer = GroupCommitWriter(self.ledger)
         self.stream = open_stream(stream_url)
         self.task = build_task(parse_task_config(cfg.rollout.task))
         self.scaffold = scaffold_config(cfg)
@@ -82,7 +85,7 @@ class RolloutWorker:
 
         rid = a.rollout_id
         sink = LedgerEventBuffer(rid, self.job_id)
-        self.ledger.apply(
+        self.writer.apply(
             [
                 Transition(rid, S.ADMITTED, updates={"owner": self.worker_id}),
                 Transition(rid, S.RUNNING),
@@ -119,11 +122,12 @@ class RolloutWorker:
             updates["reward"] = traj.reward
         traj.metadata["wall_s"] = time.time() - started
         entry = self.stream.publish(rid, pickle.dumps(traj)) if state is S.SCORED else None
-        self.ledger.apply([Transition(rid, state, reason=reason, updates=updates)], sink.drain())
+        self.writer.apply([Transition(rid, state, reason=reason, updates=updates)], sink.drain())
         return RolloutReport(rid, state.value, entry)
 
     def close(self) -> None:
         self._stop.set()
+        self.writer.close()
         self.ledger.release(self.worker_id)
         self.ledger.close()
         self.stream.close()

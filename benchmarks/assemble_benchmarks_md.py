@@ -20,6 +20,7 @@ ORDER = [
     "sandboxes",
     "admission",
     "job",
+    "fidelity",
     "gpu",
     "gpu_kernels",
     "gpu_engine",

@@ -36,6 +36,7 @@ from typing import Any
 import redis
 
 from rlsys.actors.ledger_sink import LedgerEventBuffer
+from rlsys.actors.ledger_writer import GroupCommitWriter
 from rlsys.actors.messages import Assignment, RolloutReport
 from rlsys.actors.planner import Planner
 from rlsys.actors.step_commit import StepCommitter
@@ -69,6 +70,9 @@ def scripted_trajectory(a: Assignment, tokens: int, turns: int) -> Trajectory:
 
 def worker_main(args: dict[str, Any], tasks: Any, results: Any) -> None:
     ledger = Ledger.open(args["ledger"], create=False)
+    # The worker's write path: group commit (what `RolloutWorker` does), or one transaction
+    # per write (--no-group-commit, the path before it).
+    writer: Any = GroupCommitWriter(ledger) if args["group_commit"] else ledger
     stream = open_stream(RedisStreamConfig(url=REDIS, stream=args["stream"]))
     latency = ToolLatencyConfig(median_s=args["latency"], sigma=0.5)
     owner = f"worker-{uuid.uuid4().hex[:6]}"
@@ -78,7 +82,7 @@ def worker_main(args: dict[str, Any], tasks: Any, results: Any) -> None:
         started = time.perf_counter()
         sink = LedgerEventBuffer(a.rollout_id, args["job"])
         t0 = time.perf_counter()
-        ledger.apply([Transition(a.rollout_id, S.ADMITTED, updates={"owner": owner}),
+        writer.apply([Transition(a.rollout_id, S.ADMITTED, updates={"owner": owner}),
                       Transition(a.rollout_id, S.RUNNING)])  # fmt: skip
         ledger_s = time.perf_counter() - t0
         for turn in range(args["turns"]):
@@ -90,7 +94,7 @@ def worker_main(args: dict[str, Any], tasks: Any, results: Any) -> None:
         entry = stream.publish(a.rollout_id, pickle.dumps(traj))
         stream_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ledger.apply([Transition(a.rollout_id, S.SCORED, updates={"reward": traj.reward})],
+        writer.apply([Transition(a.rollout_id, S.SCORED, updates={"reward": traj.reward})],
                      sink.drain())  # fmt: skip
         ledger_s += time.perf_counter() - t0
         wall = time.perf_counter() - started
@@ -135,7 +139,8 @@ def run(args: argparse.Namespace, ledger_url: str) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     tasks, results, steps, done = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
     wargs = {"ledger": ledger_url, "stream": stream_name, "job": job, "turns": args.turns,
-             "tokens": args.tokens, "latency": args.latency, "concurrency": args.concurrency}  # fmt: skip
+             "tokens": args.tokens, "latency": args.latency, "concurrency": args.concurrency,
+             "group_commit": args.group_commit}  # fmt: skip
     procs = [
         ctx.Process(target=worker_main, args=(wargs, tasks, results)) for _ in range(args.workers)
     ]
@@ -211,6 +216,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=120, help="Policy tokens per session.")
     ap.add_argument("--latency", type=float, default=1.0, help="Median tool latency (s).")
+    ap.add_argument("--group-commit", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     with scratch_postgres_database(PG_ADMIN, "rlsys_bench") as url:
         r = run(args, url)

@@ -6,6 +6,13 @@ prompt followed by alternating policy turns (sampled by the engine) and observat
 policy's own resumable summary. Every policy token carries its behaviour log-prob, policy
 version, candidate set and routed experts; observation tokens carry none and are masked.
 
+Routed experts (R3): `routed_experts[i]` is the route of the forward row that produced
+token i's distribution (row i - 1). A policy token's comes with its generation; the rows of
+prompt and observation tokens come with the next request's `prompt_routed_experts`
+(`fill_context_routes`, kept as blocks in `context_routes`), so every row the policy
+conditioned on carries the route the engine used. A token with neither has no record
+(then the trainer's router decides).
+
 Invariants: all per-token lists of a segment have the same length as `token_ids`;
 `policy_mask[i]` is True exactly for engine-sampled tokens; a turn's penalty applies only to
 the tokens of that turn (`turn_index[i] == turn`).
@@ -26,6 +33,8 @@ class Segment:
     turn_index: list[int] = field(default_factory=list)  # -1 for the initial prompt
     candidate_ids: list[list[int] | None] = field(default_factory=list)
     routed_experts: list[Any] = field(default_factory=list)  # per token; None if not policy
+    # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes
+    context_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
     def append(
         self,
@@ -46,6 +55,31 @@ class Segment:
         self.turn_index += [turn] * n
         self.candidate_ids += candidates if policy and candidates is not None else [None] * n
         self.routed_experts += routed if policy and routed is not None else [None] * n
+
+    def fill_context_routes(self, context_routes: Any) -> int:
+        """Record the engine's routes of the context rows of a request whose prompt was
+        this segment's first tokens (`{"indices": (L, n, k), "gates": (L, n, k)}`, rows
+        0..n-1; row r predicted token r + 1) for the tokens past the last one that has a
+        route: one block per request, not a record per row (a few bytes per token instead of
+        a pickled pair of tensors each). Returns how many tokens it covered."""
+        indices, gates = context_routes["indices"], context_routes["gates"]
+        rows = min(int(indices.shape[1]), len(self.token_ids) - 1)
+        start = self.route_frontier()
+        if start > rows:
+            return 0
+        block = {
+            "indices": indices[:, start - 1 : rows].clone(),
+            "gates": gates[:, start - 1 : rows].clone(),
+        }
+        self.context_routes.append((start, block))
+        return rows - start + 1
+
+    def route_frontier(self) -> int:
+        """The first token index (>= 1) after the last token that has a recorded route."""
+        last = max((i for i, e in enumerate(self.routed_experts) if e is not None), default=0)
+        for start, block in self.context_routes:
+            last = max(last, start + int(block["indices"].shape[1]) - 1)
+        return last + 1
 
 
 @dataclass

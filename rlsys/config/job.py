@@ -50,7 +50,13 @@ class EngineSection(_Section):
     max_running: int = Field(16, ge=1, le=4096, description="Requests a replica batches at once.")
     max_queue: int = Field(64, ge=0, le=100_000, description="Requests that may wait per replica.")
     max_context_tokens: int = Field(1024, ge=16, description="Context budget per sequence.")
-    candidate_cap: int = Field(64, ge=1, description="Max recorded top-p candidates per token.")
+    candidate_cap: int = Field(
+        64,
+        ge=1,
+        description="Memory cap on a token's recorded top-p candidate set: the engine samples "
+        "from the true nucleus (sampling.top_p), and a nucleus larger than this is cut to its "
+        "most probable tokens for sampling and replay alike (the monitor shows set sizes).",
+    )
     prefix_cache_tokens: int = Field(200_000, ge=0, description="Prefix cache capacity in tokens.")
     tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree of each replica.")
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica actor.")
@@ -164,6 +170,13 @@ class TrainerSection(_Section):
         8192, ge=1, description="Tokens per forward/backward micro-batch (gradients accumulate)."
     )
     checkpoint_every: int = Field(5, ge=1, description="Checkpoint every N optimiser steps.")
+    mismatch_rollouts: int = Field(
+        2,
+        ge=0,
+        description="Stale rollouts per step recomputed under the weights that sampled them "
+        "(host copies of the last max_staleness versions) for the `mismatch` metric; 0: "
+        "staleness-0 tokens only (no copies kept).",
+    )
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the trainer actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs of the trainer actor.")
     resources: dict[str, float] = Field(

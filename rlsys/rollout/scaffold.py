@@ -234,6 +234,8 @@ class AgentLoop:
         except Exception as err:  # whatever the transport raises, the engine failed
             raise RolloutAbort("failed_engine", describe(err)) from err
         routed = _check_result(result, self.tok)
+        if result.prompt_routed_experts is not None:  # R3 over the context rows too
+            seg.fill_context_routes(result.prompt_routed_experts)
         n = len(result.token_ids)
         seg.append(
             list(result.token_ids),

@@ -20,6 +20,8 @@ SERIES: tuple[tuple[str, str], ...] = (
     ("mismatch.mean_abs", "train/inference mismatch (mean |d|)"),
     ("mismatch.max_abs", "train/inference mismatch (max |d|)"),
     ("mismatch.k3_kl", "train/inference mismatch (k3 KL)"),
+    ("candidate_set.mean", "candidate set size (mean)"),
+    ("candidate_set.p90", "candidate set size (p90)"),
     ("kl", "KL estimate (to the reference, else behaviour -> current, k3)"),
     ("entropy", "entropy"),
     ("num_samples", "samples"),

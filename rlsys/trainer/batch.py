@@ -5,10 +5,11 @@ model's packed varlen forward). A policy token at segment position `i` is predic
 `i - 1` of its span (`pred_rows`); all per-policy-token data (targets, behaviour log-probs,
 versions, candidate sets, returns) is laid out in that order, `P` long.
 
-Routed-expert convention (shared with the engine): a policy token's recorded routes are
-those of the forward row that produced its distribution, i.e. its `pred_row`. Rows with a
-record are marked in `routed_rows`; the others (prompt, observations) are routed by the
-current router on replay.
+Routed-expert convention (shared with the engine): a token's recorded route is that of the
+forward row that produced its distribution (row i - 1 of its span; a policy token's
+`pred_row`). Policy tokens carry theirs; prompt and observation tokens carry the route the
+engine used when a later request fed them (`Segment.fill_context_routes`). Rows with a
+record are marked in `routed_rows`; the others are routed by the current router.
 
 Tensor legend: N packed rows, P policy tokens, C longest candidate set, L MoE layers,
 k experts per token.
@@ -85,10 +86,18 @@ def pack(
     """Pack `(sample index, segment, its trajectory)` items into one `PackedBatch`."""
     tokens, spans, policy, cands = [], [], [], []
     route_rows: list[tuple[int, Any]] = []
+    route_blocks: list[tuple[int, dict[str, Any]]] = []
     row = 0
     for sample, seg, traj in items:
         spans.append((row, len(seg.token_ids)))
         tokens += seg.token_ids
+        if with_routes:  # every recorded row, policy or context (R3 over all of them)
+            route_rows += [
+                (row + i - 1, entry)
+                for i, entry in enumerate(seg.routed_experts)
+                if i and entry is not None
+            ]
+            route_blocks += [(row + start - 1, block) for start, block in seg.context_routes]
         for i, is_policy in enumerate(seg.policy_mask):
             if not is_policy:
                 continue
@@ -99,8 +108,6 @@ def pack(
                 + (traj.reward + penalty, penalty)
             )
             cands.append(seg.candidate_ids[i])
-            if with_routes and seg.routed_experts[i] is not None:
-                route_rows.append((row + i - 1, seg.routed_experts[i]))
         row += len(seg.token_ids)
     cols = list(zip(*policy, strict=True)) if policy else [()] * 7
     width = max((len(c) for c in cands if c is not None), default=0)
@@ -108,7 +115,7 @@ def pack(
     for p, c in enumerate(cands):
         if c:
             cand_PC[p, : len(c)] = torch.tensor(c, dtype=torch.int64)
-    routes, routed = _routes(route_rows, row)
+    routes, routed = _routes(route_rows, route_blocks, row)
     return PackedBatch(
         tokens_N=torch.tensor(tokens, dtype=torch.int64),
         spans=spans,
@@ -127,15 +134,25 @@ def pack(
 
 
 def _routes(
-    route_rows: list[tuple[int, Any]], num_rows: int
+    route_rows: list[tuple[int, Any]],
+    route_blocks: list[tuple[int, dict[str, Any]]],
+    num_rows: int,
 ) -> tuple[RoutedExperts | None, Tensor]:
+    """(L, N, k) routes from per-row entries and (first row, block) context blocks."""
     routed = torch.zeros(num_rows, dtype=torch.bool)
-    if not route_rows:
+    if route_rows:
+        layers, k = route_entry(route_rows[0][1])[0].shape
+    elif route_blocks:
+        layers, _, k = route_blocks[0][1]["indices"].shape
+    else:
         return None, routed
-    first_ids, first_gates = route_entry(route_rows[0][1])
-    layers, k = first_ids.shape
     ids = torch.zeros(layers, num_rows, k, dtype=torch.int64)
     gates = torch.zeros(layers, num_rows, k, dtype=torch.float32)
+    for r0, block in route_blocks:
+        n = int(block["indices"].shape[1])
+        ids[:, r0 : r0 + n] = torch.as_tensor(block["indices"]).to(torch.int64)
+        gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
+        routed[r0 : r0 + n] = True
     for r, entry in route_rows:
         ids[:, r], gates[:, r] = route_entry(entry)
         routed[r] = True

@@ -6,11 +6,13 @@ samples; `reward_mean` over every sample the step consumed (filtered ones includ
 zero-variance group of failures is still the policy failing), `reward_mean_kept` over the
 kept ones. `as_dict` gives the JSON shape the monitor prints.
 
-`mismatch` is the train/inference mismatch where it can be read without extra work: over
-the step's tokens sampled by the trainer's current version (staleness 0), the engine's
-recorded log-prob against the trainer's recomputation with those very weights. It is
-exactly 0 when the two paths agree bitwise; absent from a step with no such token (the
-field is None, never a zero that was not measured).
+`mismatch` is the train/inference mismatch: the engine's recorded log-prob against the
+trainer's recomputation under the very weights that sampled the token — free for the
+step's staleness-0 tokens, and for a sample of older rollouts recomputed from host copies
+of their versions (`rlsys.trainer.snapshots`). It is exactly 0 when the two paths agree
+bitwise, at any staleness; absent from a step where nothing was measured (None, never a
+zero that was not measured). `logprob_drift` is behaviour against the current policy: the
+mismatch plus the policy's own updates since.
 
 `kl` is the KL to the reference policy where the job has one (`kl_source: reference`);
 without one it is the k3 estimate of KL(behaviour || current) over the step's policy
@@ -55,6 +57,8 @@ class StepMetrics:
     step_s: float = 0.0
     tokens_per_s: float = 0.0
     mismatch: dict[str, float] | None = None
+    # sizes of the recorded candidate (top-p) sets of the step's policy tokens
+    candidate_set: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -63,8 +67,9 @@ class StepMetrics:
             "mean_abs": d.pop("logprob_drift_mean_abs"),
             "max_abs": d.pop("logprob_drift_max_abs"),
         }
-        if d["mismatch"] is None:
-            del d["mismatch"]
+        for optional in ("mismatch", "candidate_set"):
+            if d[optional] is None:
+                del d[optional]
         return d
 
 
@@ -104,12 +109,7 @@ class TokenSums:
         `fresh_P`: which tokens the trainer's current version sampled (staleness 0)."""
         diff = logp_P.detach() - behaviour_P
         if fresh_P is not None and bool(fresh_P.any()):
-            d = diff[fresh_P]
-            self.fresh_tokens += int(d.numel())
-            self.fresh_abs += float(d.abs().sum())
-            self.fresh_max = max(self.fresh_max, float(d.abs().max()))
-            # k3 estimate of KL(behaviour || trainer) from the behaviour's own samples
-            self.fresh_k3 += float((torch.exp(d) - 1.0 - d).sum())
+            self.add_mismatch(diff[fresh_P])
         w = torch.exp(diff)
         self.tokens += int(logp_P.numel())
         self.entropy += float(entropy_P.sum())
@@ -120,6 +120,18 @@ class TokenSums:
         self.behaviour_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
         for name, value in zip(("loss", "pg", "kl", "critic"), weighted, strict=True):
             setattr(self, name, getattr(self, name) + float(value))
+
+    @torch.no_grad()
+    def add_mismatch(self, diff: Tensor) -> None:
+        """Recomputed minus recorded log-probs of tokens, each under the weights that
+        sampled it."""
+        if not diff.numel():
+            return
+        self.fresh_tokens += int(diff.numel())
+        self.fresh_abs += float(diff.abs().sum())
+        self.fresh_max = max(self.fresh_max, float(diff.abs().max()))
+        # k3 estimate of KL(behaviour || trainer) from the behaviour's own samples
+        self.fresh_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
 
     def fill(self, m: StepMetrics) -> None:
         n = max(self.tokens, 1)
@@ -140,3 +152,17 @@ class TokenSums:
                 "max_abs": self.fresh_max,
                 "k3_kl": self.fresh_k3 / self.fresh_tokens,
             }
+
+
+def candidate_set_sizes(batches: list[Any]) -> dict[str, float] | None:
+    """Mean, median, p90 and max size of the recorded candidate sets (tokens that have one;
+    None where none does): how much of the vocabulary the nucleus kept."""
+    sizes = torch.cat([(b.candidates_PC >= 0).sum(1)[b.has_candidates_P] for b in batches]).float()
+    if not sizes.numel():
+        return None
+    return {
+        "mean": float(sizes.mean()),
+        "p50": float(sizes.quantile(0.5)),
+        "p90": float(sizes.quantile(0.9)),
+        "max": float(sizes.max()),
+    }

@@ -47,8 +47,9 @@ from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlsys.trainer.critic import Critic
 from rlsys.trainer.forward import packed_hidden
 from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
-from rlsys.trainer.metrics import StepMetrics, TokenSums
+from rlsys.trainer.metrics import StepMetrics, TokenSums, candidate_set_sizes
 from rlsys.trainer.mtp_loss import clip_policy_and_mtp, mtp_loss, mtp_nll
+from rlsys.trainer.snapshots import VersionSnapshots, policy_columns, stale_sample
 from rlsys.trajectory import Trajectory
 
 
@@ -97,6 +98,9 @@ class Trainer:
             Critic(model.cfg.d_model, algo.critic).to(self.device) if algo.critic.enabled else None
         )
         self.reference: Transformer | None = None  # snapshot taken at the first RL step
+        # host copies of recent versions and a scratch model to recompute under them
+        self.snapshots = VersionSnapshots(keep=algo.max_staleness)
+        self._scratch: Transformer | None = None
         self.step = 0
         self.version = 0
         self.stream_position: dict[str, Any] = {}
@@ -123,6 +127,8 @@ class Trainer:
             raise ValueError(
                 "a trajectory with a NaN reward (a failed rollout) reached the trainer"
             )
+        if self.cfg.mismatch_rollouts:
+            self.snapshots.take(self.version, self.model)  # the weights that version sampled
         kept, filtered = self._filter(trajectories)
         metrics = StepMetrics(self.step, self.version, len(kept), len(filtered))
         if trajectories:  # the behaviour policy's reward: every sample the step consumed
@@ -173,9 +179,13 @@ class Trainer:
 
         self.step += 1
         self.version += 1
+        if self.cfg.mismatch_rollouts:
+            self.snapshots.take(self.version, self.model)
+            self._stale_mismatch(kept, self.version - 1, sums)
         if stream_position is not None:
             self.stream_position = dict(stream_position)
         sums.fill(metrics)
+        metrics.candidate_set = candidate_set_sizes(packed)
         metrics.step, metrics.policy_version = self.step, self.version
         metrics.num_tokens = total_rows
         metrics.grad_norm = float(grad_norm)
@@ -252,24 +262,46 @@ class Trainer:
     # ---- no-gradient recomputation (tests, alignment checks) -------------------------------
 
     def log_probs(
-        self, trajectories: Sequence[Trajectory], replay: str | None = None
+        self,
+        trajectories: Sequence[Trajectory],
+        replay: str | None = None,
+        model: Transformer | None = None,
     ) -> list[Tensor]:
         """Recomputed log-probs of each trajectory's policy tokens (segment order), no grad.
 
-        Uses `replay` (default: the configured mode) and the configured candidate replay;
-        runs in eval mode so MoE load statistics are not touched.
+        Uses `replay` (default: the configured mode) and the configured candidate replay,
+        with `model` (default: the policy); runs in eval mode so MoE load statistics are
+        not touched.
         """
         mode = replay or self.cfg.replay_experts
+        model = model if model is not None else self.model
         per_sample: list[list[Tensor]] = [[] for _ in trajectories]
-        with _eval(self.model), torch.no_grad():
+        with _eval(model), torch.no_grad():
             for items in micro_batches(trajectories, self.cfg.micro_batch_tokens):
                 batch = pack(items, with_routes=mode != "off").to(self.device)
-                h = packed_hidden(self.model, batch, mode)
-                logp = self._log_probs(self.model, h[batch.pred_rows_P], batch).logp_P.cpu()
+                h = packed_hidden(model, batch, mode)
+                logp = self._log_probs(model, h[batch.pred_rows_P], batch).logp_P.cpu()
                 sample_P = batch.sample_P.cpu()
                 for s in sample_P.unique().tolist():
                     per_sample[s].append(logp[sample_P == s])
         return [torch.cat(p) if p else torch.zeros(0) for p in per_sample]
+
+    def _stale_mismatch(self, kept: Sequence[Trajectory], version: int, sums: TokenSums) -> None:
+        """Recompute a sample of rollouts older than `version` under the weights that
+        sampled each of their tokens; add the differences to the step's mismatch."""
+        sample = stale_sample(kept, version, self.cfg.mismatch_rollouts)
+        if not sample:
+            return
+        if self._scratch is None:
+            self._scratch = copy.deepcopy(self.model)
+        columns = [policy_columns(t) for t in sample]
+        versions = sorted({v for vs, _ in columns for v in vs.tolist()} - {version})
+        for v in (v for v in versions if v in self.snapshots):
+            self.snapshots.load_into(self._scratch, v)
+            recomputed = self.log_probs(sample, model=self._scratch)
+            for logp, (vs, behaviour) in zip(recomputed, columns, strict=True):
+                at_v = vs == v
+                sums.add_mismatch(logp[at_v].float() - behaviour[at_v])
 
     # ---- critic pre-training -----------------------------------------------------------------
 

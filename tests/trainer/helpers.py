@@ -42,6 +42,7 @@ def engine_trajectories(
     version: int = 0,
     seed: int = 0,
     device: str = "cpu",
+    context_routes: bool = True,
 ) -> list[Trajectory]:
     vocab = model.cfg.vocab_size
     rng = torch.Generator().manual_seed(seed)
@@ -60,6 +61,8 @@ def engine_trajectories(
                         GenerationRequest(rid, f"{g}-{m}", list(seg.token_ids), sampling)
                     )
                     assert r.error is None, r.error
+                    if context_routes and r.prompt_routed_experts is not None:
+                        seg.fill_context_routes(r.prompt_routed_experts)  # as the scaffold
                     seg.append(
                         r.token_ids,
                         turn=turn,

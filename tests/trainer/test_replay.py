@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -25,13 +27,15 @@ def test_staleness_zero_recomputed_log_probs_equal_behaviour_bitwise(dtype: str)
     assert m.mean_importance_weight == 1.0 and m.clipped_fraction == 0.0
     assert m.logprob_drift_max_abs == 0.0 and m.staleness_max == 0
     assert m.mismatch is not None and m.mismatch["tokens"] == m.num_policy_tokens
+    sizes = m.candidate_set  # top_p 0.9: nuclei, narrower than the vocabulary
+    assert sizes is not None and 1 <= sizes["p50"] <= sizes["max"] < model.cfg.vocab_size
     assert m.mismatch["max_abs"] == 0.0 and m.mismatch["k3_kl"] == 0.0
 
 
 def test_mismatch_reads_the_staleness_zero_tokens_only() -> None:
     model = tiny_model()
     trajs = engine_trajectories(model, groups=2)
-    trainer = make_trainer(model, replay_experts="off")
+    trainer = make_trainer(model, replay_experts="off", mismatch_rollouts=0)
     for seg in trajs[0].segments:  # one rollout's recorded log-probs off by a known amount
         seg.logprobs = [lp - 0.25 for lp in seg.logprobs] if seg.logprobs else seg.logprobs
     m = trainer.train_step(trajs).metrics
@@ -39,7 +43,8 @@ def test_mismatch_reads_the_staleness_zero_tokens_only() -> None:
     assert m.mismatch["k3_kl"] > 0.0
     # no reference policy (kl_coef 0): `kl` is the behaviour -> current k3, not a 0 unread
     assert m.kl_source == "behaviour" and m.kl > 0.0
-    # the next step's samples come from version 0 while the trainer holds 1: no fresh token
+    # the next step's samples say version 0 while the trainer holds 1: no fresh token, and
+    # with no host copies kept (mismatch_rollouts 0) nothing else is measured
     assert trainer.train_step(engine_trajectories(model, groups=2)).metrics.mismatch is None
 
 
@@ -134,3 +139,45 @@ def test_candidate_replay_changes_log_probs_exactly_as_masking_predicts() -> Non
         assert torch.allclose(lp_on, lp_off - mass, atol=1e-5)
         assert torch.allclose(lp_off, token_log_probs(logits[[i - 1 for i in policy]], ids[policy]))
         assert (mass < 0).any()  # some sets were a strict part of the vocabulary
+
+
+@pytest.mark.parametrize("sampled", [2, 0])
+def test_mismatch_of_stale_rollouts_is_read_under_the_weights_that_sampled_them(
+    sampled: int,
+) -> None:
+    import copy
+
+    model = tiny_model()
+    v0 = copy.deepcopy(model)  # the weights the engine keeps serving as version 0
+    trainer = make_trainer(model, lr=1e-2, mismatch_rollouts=sampled)
+    trainer.train_step(engine_trajectories(model, groups=2))  # the policy moves to v1
+    stale = engine_trajectories(v0, groups=2, version=0, seed=5)
+    m = trainer.train_step(stale).metrics
+    assert m.staleness_max == 1 and m.logprob_drift_max_abs > 0.0  # the update shows as drift
+    if sampled:  # ...and not as mismatch: under version 0's own weights it is bitwise 0
+        assert m.mismatch is not None and m.mismatch["tokens"] > 0
+        assert m.mismatch["max_abs"] == 0.0
+    else:
+        assert m.mismatch is None  # nothing at staleness 0, no copies kept: not measured
+
+
+@pytest.mark.parametrize("context_routes", [True, False])
+def test_r3_over_every_row_reproduces_the_engine_under_a_moved_router(
+    context_routes: bool,
+) -> None:
+    """Routes and gates replayed on every row the policy conditioned on (prompt and
+    observations too, as the scaffold records them) make the forward the engine's, however
+    the router has moved; replayed on the sampled tokens' rows alone, the context is
+    re-routed and the log-probs move."""
+    model = tiny_model()
+    trajs = engine_trajectories(model, context_routes=context_routes)
+    _perturb_routers(model, scale=0.5)
+    trainer = make_trainer(model, replay_experts="indices_and_gates")
+    recomputed = trainer.log_probs(trajs)
+    same = [torch.equal(lp, behaviour(t)) for lp, t in zip(recomputed, trajs, strict=True)]
+    assert all(same) if context_routes else not all(same)
+    # the reference policy's forward replays the same rows
+    trainer.reference = copy.deepcopy(model)
+    batch = pack([(i, t.segments[0], t) for i, t in enumerate(trajs)])
+    ref = trainer._reference_log_probs(batch)
+    assert torch.equal(ref, torch.cat([behaviour(t) for t in trajs])) == context_routes
