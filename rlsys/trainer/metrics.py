@@ -87,10 +87,10 @@ class TokenSums:
     clipped: float = 0.0
     drift_abs: float = 0.0
     drift_max: float = 0.0
-    fresh_tokens: int = 0
-    fresh_abs: float = 0.0
-    fresh_max: float = 0.0
-    fresh_k3: float = 0.0
+    mismatch_tokens: int = 0
+    mismatch_abs: float = 0.0
+    mismatch_max: float = 0.0
+    mismatch_k3: float = 0.0
     behaviour_k3: float = 0.0
     has_reference: bool = False
     extra: dict[str, float] = field(default_factory=dict)
@@ -127,11 +127,11 @@ class TokenSums:
         sampled it."""
         if not diff.numel():
             return
-        self.fresh_tokens += int(diff.numel())
-        self.fresh_abs += float(diff.abs().sum())
-        self.fresh_max = max(self.fresh_max, float(diff.abs().max()))
+        self.mismatch_tokens += int(diff.numel())
+        self.mismatch_abs += float(diff.abs().sum())
+        self.mismatch_max = max(self.mismatch_max, float(diff.abs().max()))
         # k3 estimate of KL(behaviour || trainer) from the behaviour's own samples
-        self.fresh_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
+        self.mismatch_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
 
     def fill(self, m: StepMetrics) -> None:
         n = max(self.tokens, 1)
@@ -145,12 +145,12 @@ class TokenSums:
         m.clipped_fraction = self.clipped / n
         m.logprob_drift_mean_abs = self.drift_abs / n
         m.logprob_drift_max_abs = self.drift_max
-        if self.fresh_tokens:
+        if self.mismatch_tokens:
             m.mismatch = {
-                "tokens": self.fresh_tokens,
-                "mean_abs": self.fresh_abs / self.fresh_tokens,
-                "max_abs": self.fresh_max,
-                "k3_kl": self.fresh_k3 / self.fresh_tokens,
+                "tokens": self.mismatch_tokens,
+                "mean_abs": self.mismatch_abs / self.mismatch_tokens,
+                "max_abs": self.mismatch_max,
+                "k3_kl": self.mismatch_k3 / self.mismatch_tokens,
             }
 
 
