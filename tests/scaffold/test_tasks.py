@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rlsys.config.sampling import SamplingConfig
 from rlsys.rollout.demos import make_demonstrations
 from rlsys.rollout.events import ListEventSink
 from rlsys.rollout.replay import ReplayGenerator
@@ -88,6 +89,15 @@ def test_demonstrations_are_deterministic_in_the_seed(bwrap):
     assert ids == [[s.token_ids for s in d.segments] for d in again]
     assert ids != [[s.token_ids for s in d.segments] for d in other]
     assert all(d.reward == 1.0 and d.num_policy_tokens > 0 for d in first)
+
+
+def test_a_demonstration_turn_over_the_turn_budget_is_a_config_error(bwrap):
+    # the code task's longest reference solution is 274 tokens: a 160-token budget would cut
+    # it and derail the demonstration far from the cause; the error names the setting
+    task = build_task(parse_task_config({"type": "code", "hidden_cases": 2}))
+    with pytest.raises(ValueError, match="sampling.max_tokens_per_turn"):
+        config = ScaffoldConfig(sampling=SamplingConfig(max_tokens_per_turn=160))
+        make_demonstrations(task, 0, 6, bwrap, config)
 
 
 def test_slipping_demonstrator_mixes_in_mistakes_at_its_rate(bwrap):
