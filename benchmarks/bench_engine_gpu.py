@@ -1,13 +1,16 @@
 """Engine decode throughput on the GPU: the paged Triton path through `EngineCore`.
 
 Usage (GPU machine): python benchmarks/bench_engine_gpu.py [--preset medium]
-    [--batches 1,16,64] [--prompt 1024] [--gen 64]
+    [--batches 1,16,64] [--prompts 1024] [--gen 64] [--graphs on,off] [--budget-s 500]
 
-For each batch size: `batch` requests of a `--prompt`-token prompt each generate `--gen`
-tokens; the table gives decode tokens/s (after all prefills), the share of a decode step
-spent in the model forward (the rest is sampling and bookkeeping on the host), and HBM
-utilisation = bytes a decode step must read (every weight a step touches + the K/V its
-attention reads) / step time, against 4.8 TB/s.
+For each context (prompt length), CUDA-graph mode and batch size: `batch` requests of a
+`--prompt`-token prompt each generate `--gen` tokens; the table gives decode tokens/s at
+the median decode step (after the first, which captures the graph; one-off kernel compiles
+show in the max), the mean and max step, the
+share of a decode step spent in the model forward (the rest is sampling and bookkeeping on
+the host), and HBM utilisation = bytes a decode step must read (every weight a step touches
++ the K/V its attention reads) / step time, against 4.8 TB/s. Rows past `--budget-s`
+seconds are skipped (the device machine's calls are bounded).
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ def step_bytes(model: Transformer, batch: int, context: int) -> float:
     return weights + batch * (swa + sparse)
 
 
-def make(model: Transformer, batch: int, args: argparse.Namespace, tp: int, reduce: str):  # noqa: ANN201
+def make(  # noqa: ANN201
+    model: Transformer, batch: int, prompt: int, args: argparse.Namespace, tp: int, reduce: str,
+    graphs: bool,
+):  # fmt: skip
     ecfg = EngineConfig(
-        max_running=batch, max_context_tokens=args.prompt + args.gen + 8, device="cuda",
-        max_step_tokens=max(batch, 4096), prefix_cache_tokens=0, tp=tp,
-        tp_backend="nccl" if tp > 1 else "threads",
+        max_running=batch, max_context_tokens=prompt + args.gen + 8, device="cuda",
+        max_step_tokens=max(batch, 8192), prefix_cache_tokens=0, tp=tp,
+        tp_backend="nccl" if tp > 1 else "threads", cuda_graphs=graphs,
     )  # fmt: skip
     if tp > 1:
         runner = DistTPRunner(model.cfg, model.state_dict(), tp, "nccl", ecfg.kv_pages(), reduce)
@@ -63,15 +69,16 @@ def make(model: Transformer, batch: int, args: argparse.Namespace, tp: int, redu
 
 
 def run(
-    model: Transformer, batch: int, args: argparse.Namespace, runner, ecfg, gen: int
+    model: Transformer, batch: int, prompt_len: int, runner, ecfg, gen: int
 ) -> dict[str, float]:  # noqa: ANN001
     core = EngineCore(model.cfg, ecfg, runner)
     g = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=gen, seed=0)
     for i in range(batch):
-        prompt = torch.randint(32, 127, (args.prompt,), generator=g).tolist()
+        prompt = torch.randint(32, 127, (prompt_len,), generator=g).tolist()
         assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params)) is None
-    forward_s, steps, tokens, decode_s = 0.0, 0, 0, 0.0
+    forward_s, steps, tokens, decode_s, first_decode = 0.0, 0, 0, 0.0, True
+    step_times: list[float] = []
     orig = runner.step
 
     def timed_step(keys, chunks):  # noqa: ANN001, ANN202
@@ -90,19 +97,30 @@ def run(
         forward_before = forward_s
         t0 = time.perf_counter()
         core.step()
-        if not prefilling:
-            decode_s += time.perf_counter() - t0
+        if not prefilling and first_decode:  # compiles / captures: not timed
+            first_decode, forward_s = False, forward_before
+        elif not prefilling:
+            step_times.append(time.perf_counter() - t0)
+            decode_s += step_times[-1]
             tokens += core.generated_tokens - before
             steps += 1
         else:
             forward_s = forward_before
     runner.step = orig  # type: ignore[method-assign]
     step_ms = 1000 * decode_s / max(steps, 1)
+    step_times.sort()
+    graphs = getattr(runner, "graphs", None)
     return {
-        "tok_s": tokens / decode_s if decode_s else 0.0,
+        "median_ms": 1000 * step_times[len(step_times) // 2] if step_times else 0.0,
+        "max_ms": 1000 * step_times[-1] if step_times else 0.0,
+        "replays": graphs.steps if graphs is not None else 0,
+        # the median step: one-off kernel compiles and graph captures are not throughput
+        "tok_s": batch / step_times[len(step_times) // 2] if step_times else 0.0,
         "step_ms": step_ms,
         "forward_share": forward_s / decode_s if decode_s else 0.0,
-        "hbm": step_bytes(model, batch, args.prompt) / (step_ms * 1e-3) / 4.8e12,
+        "hbm": step_bytes(model, batch, prompt_len) / step_times[len(step_times) // 2] / 4.8e12
+        if step_times
+        else 0.0,
     }
 
 
@@ -110,34 +128,53 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="medium")
     parser.add_argument("--batches", default="1,16,64")
-    parser.add_argument("--prompt", type=int, default=1024)
+    parser.add_argument("--prompts", default="1024", help="comma list of prompt lengths")
     parser.add_argument("--gen", type=int, default=64)
+    parser.add_argument("--graphs", default="on,off", help="comma list: on, off (TP=1)")
     parser.add_argument("--tp", default="1", help="comma list of TP degrees (NCCL, one GPU each)")
     parser.add_argument("--reduce", default="tree", help="comma list: tree (invariant), allreduce")
+    parser.add_argument("--budget-s", type=float, default=1e9)
     args = parser.parse_args()
+    started = time.perf_counter()
     torch.manual_seed(0)
-    model = Transformer(preset(args.preset)).cuda().eval()
+    cfg = preset(args.preset).with_overrides({"compute_dtype": "bfloat16"})
+    model = Transformer(cfg).cuda().eval()
     print(
-        f"preset {args.preset}: {model.num_parameters():,} parameters; {torch.cuda.get_device_name()}"
+        f"preset {args.preset}: {model.num_parameters():,} parameters "
+        f"({model.num_parameters(active=True):,} active), {cfg.compute_dtype}; "
+        f"{torch.cuda.get_device_name()}"
     )
     print(
-        "\n| TP | reduction | batch | context | decode tokens/s | step ms | forward share | HBM util |"
+        "\n| TP | reduction | graphs | batch | context | decode tokens/s | step ms (median / max) "
+        "| forward share | HBM util | graph replays |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
-    for tp in (int(t) for t in args.tp.split(",")):
-        for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
-            for batch in (int(b) for b in args.batches.split(",")):
-                ecfg, runner = make(model, batch, args, tp, reduce if tp > 1 else "tree")
-                try:
-                    run(model, batch, args, runner, ecfg, 4)  # warm-up: compiles every kernel
-                    r = run(model, batch, args, runner, ecfg, args.gen)
-                finally:
-                    runner.close()
-                print(
-                    f"| {tp} | {reduce} | {batch} | {args.prompt} | {r['tok_s']:.0f} | {r['step_ms']:.1f} "
-                    f"| {r['forward_share']:.0%} | {r['hbm']:.1%} |",
-                    flush=True,
-                )
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for prompt in (int(p) for p in args.prompts.split(",")):
+        for tp in (int(t) for t in args.tp.split(",")):
+            for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
+                for graphs in args.graphs.split(",") if tp == 1 else ["off"]:
+                    for batch in (int(b) for b in args.batches.split(",")):
+                        if time.perf_counter() - started > args.budget_s:
+                            print(
+                                f"| {tp} | {reduce} | {graphs} | {batch} | {prompt} | skipped (budget) |"
+                            )
+                            continue
+                        ecfg, runner = make(
+                            model, batch, prompt, args, tp, reduce if tp > 1 else "tree",
+                            graphs == "on",
+                        )  # fmt: skip
+                        try:
+                            r = run(model, batch, prompt, runner, ecfg, args.gen)
+                        finally:
+                            runner.close()
+                            del runner
+                            torch.cuda.empty_cache()
+                        print(
+                            f"| {tp} | {reduce} | {graphs} | {batch} | {prompt} | {r['tok_s']:.0f} "
+                            f"| {r['step_ms']:.1f} ({r['median_ms']:.1f} / {r['max_ms']:.0f}) "
+                            f"| {r['forward_share']:.0%} | {r['hbm']:.1%} | {r['replays']} |",
+                            flush=True,
+                        )
 
 
 if __name__ == "__main__":

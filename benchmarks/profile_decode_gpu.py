@@ -1,7 +1,8 @@
 """Where an engine decode step's time goes on the GPU (torch profiler), batch 1, `medium`.
 
-Usage (GPU machine): python benchmarks/profile_decode_gpu.py [--batch 1] [--steps 5]
-Prints the top host-side ops by self CPU time, kernel launches and device syncs per step.
+Usage (GPU machine): python benchmarks/profile_decode_gpu.py [--batch 1] [--steps 5] [--graphs]
+Prints the top host-side ops by self CPU time, the top GPU kernels by device time (Triton
+kernels included), kernel launches and device syncs per step, and the GPU time per step.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--graphs", action="store_true", help="decode steps as CUDA graphs")
+    parser.add_argument("--preset", default="medium")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = Transformer(preset("medium")).cuda().eval()
+    model = Transformer(preset(args.preset)).cuda().eval()
     ecfg = EngineConfig(
-        max_running=args.batch, max_context_tokens=2048, device="cuda", prefix_cache_tokens=0
-    )
+        max_running=args.batch, max_context_tokens=2048, device="cuda", prefix_cache_tokens=0,
+        cuda_graphs=args.graphs,
+    )  # fmt: skip
     core = EngineCore(model.cfg, ecfg, make_runner(model.cfg, ecfg, model.state_dict()))
     params = SamplingParams(max_tokens=64, seed=0)
     for i in range(args.batch):
@@ -46,7 +50,10 @@ def main() -> None:
             core.step()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    print(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    print(f"GPU time per decode step (kernels): {gpu_us / args.steps / 1000:.2f} ms")
     launches = sum(
         e.count
         for e in events

@@ -5,7 +5,11 @@
 #   kern      the attention-kernel and model Triton-path tests only
 #   tp        the NCCL tensor-parallel test and the engine/trainer GPU tests
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
-#   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium)
+#   graphs    the CUDA-graph decode and activation-checkpointing tests, and the GPU tests
+#             they touch (Triton path, trainer on CUDA)
+#   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium; ENGINE_ARGS)
+#   trainer   benchmarks/bench_trainer_gpu.py (trainer tokens/s and MFU, large; TRAINER_ARGS)
+#   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
 #             wheels of pydantic, SQLAlchemy, alembic, jsonschema, ...; JOB_ARGS adds --set's)
@@ -31,6 +35,17 @@ for step in "$@"; do
         tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
         tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
         tests/kernels/test_reference_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    graphs)
+      timeout "${GRAPHS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/engine/test_decode_graphs.py tests/model/test_activation_checkpointing.py \
+        tests/model/test_triton_path.py tests/kernels/test_triton_cuda.py \
+        tests/trainer/test_trainer_cuda.py 2>&1 | tee "$OUT/graphs.log" | tail -30 ;;
+    trainer)
+      timeout "${TRAINER_TIMEOUT:-300}" python3 benchmarks/bench_trainer_gpu.py ${TRAINER_ARGS:-} \
+        2>&1 | tee "$OUT/trainer.log" ;;
+    tprofile)
+      timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
+        2>&1 | tee "$OUT/tprofile.log" ;;
     kern)
       timeout "${KERN_TIMEOUT:-120}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
         tests/kernels/test_triton_attention.py tests/model/test_triton_path.py 2>&1 \
@@ -44,9 +59,9 @@ for step in "$@"; do
         | tee "$OUT/attn.log" | grep -v Warning ;;
     engine)
       timeout "${ENGINE_TIMEOUT:-150}" python3 benchmarks/bench_engine_gpu.py ${ENGINE_ARGS:-} 2>&1 \
-        | tee "$OUT/engine.log" ;;
+        | tee -a "$OUT/engine.log" ;;
     profile)
-      timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/profile_decode_gpu.py 2>&1 | tee "$OUT/profile.log" ;;
+      timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/profile_decode_gpu.py ${PROFILE_ARGS:-} 2>&1 | tee -a "$OUT/profile.log" ;;
     lin)
       timeout "${LIN_TIMEOUT:-150}" python3 benchmarks/bench_linear_tiles.py ${LIN_ARGS:-} 2>&1 \
         | tee "$OUT/lin.log" ;;

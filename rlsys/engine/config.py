@@ -54,12 +54,19 @@ class EngineConfig(BaseModel):
         "max_context_tokens + prefix_cache_tokens.",
     )
 
+    cuda_graphs: bool = Field(
+        True,
+        description="Replay decode-only steps as CUDA graphs (CUDA, paged KV cache, TP=1): "
+        "captured on first use per batch size and context bucket; same bits as eager steps.",
+    )
+
     def kv_pages(self) -> int:
         """Pages of the paged KV cache (per attention kind)."""
         tokens = self.kv_cache_tokens or (
             self.max_running * self.max_context_tokens + self.prefix_cache_tokens
         )
-        return -(-tokens // self.kv_page_tokens) + self.max_running + 1
+        # + one page per running sequence (partial pages) + the decode graphs' scratch page
+        return -(-tokens // self.kv_page_tokens) + self.max_running + 2
 
     @classmethod
     def from_job(cls, engine_section: Any, seed: int, **overrides: Any) -> EngineConfig:

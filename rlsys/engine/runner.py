@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from rlsys.config.model import ModelConfig
+from rlsys.engine.decode_graphs import DecodeGraphs
 from rlsys.kernels.dispatch import use_triton
 from rlsys.model import ModelCache, RoutedExperts, RoutingRecorder, Transformer
 from rlsys.model.paged_cache import PagedSeqCache, PagePool
@@ -107,6 +108,15 @@ class LocalRunner:
         self.model = model.to(self.device)
         attach_pool(self.model, self.device, kv_pages, page_tokens)
         self.table = CacheTable(self.model, self.device)
+        self.graphs: DecodeGraphs | None = None
+
+    def enable_decode_graphs(self, max_batch: int, max_context: int) -> None:
+        """Run decode-only steps through `DecodeGraphs` (captured on CUDA; on the CPU the
+        same fixed-shape step runs eagerly, as the tests use it). Needs the paged cache."""
+        if self.model.page_pool is None:
+            raise ValueError("decode graphs need the paged KV cache (kv_pages > 0, Triton path)")
+        capture = self.device.type == "cuda"
+        self.graphs = DecodeGraphs(self.model, max_batch, max_context, capture)
 
     def new_cache(self) -> int:
         return self.table.new()
@@ -118,6 +128,11 @@ class LocalRunner:
         self.table.free(key)
 
     def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
+        if self.graphs is not None and all(len(c) == 1 for c in chunks):
+            caches = [self.table.caches[k] for k in keys]
+            if self.graphs.fits(caches):  # type: ignore[arg-type]
+                last, graph_routes = self.graphs.run([c[0] for c in chunks], caches)  # type: ignore[arg-type]
+                return StepOutput(last, routes_to_cpu(graph_routes))
         logits, routes = self.table.forward(keys, chunks, record=True)
         # Left on the model's device: the recorded log-prob is computed there, where the
         # trainer recomputes it (exp/log differ in the last bit between CPU and GPU).

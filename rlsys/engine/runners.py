@@ -45,7 +45,10 @@ def make_runner(
 ) -> ModelRunner:
     """The runner for `engine_cfg` (weights from `state`, else the model's own init)."""
     if engine_cfg.tp == 1:
-        return LocalRunner(
+        runner = LocalRunner(
             cfg, state, engine_cfg.device, engine_cfg.kv_pages(), engine_cfg.kv_page_tokens
         )
+        if engine_cfg.cuda_graphs and runner.device.type == "cuda":
+            runner.enable_decode_graphs(engine_cfg.max_running, engine_cfg.max_context_tokens)
+        return runner
     return TP_BACKENDS[engine_cfg.tp_backend](cfg, state, engine_cfg.tp, engine_cfg.kv_pages())

@@ -132,7 +132,10 @@ class MoE(nn.Module):
         n, k = idx.shape
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.cfg.n_experts)
+        # scatter_add, not bincount: CUDA's bincount reads max() back to the host (a sync
+        # that would also break CUDA-graph capture); integer adds are exact in any order
+        counts = torch.zeros(self.cfg.n_experts, dtype=torch.int64, device=flat.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
         x_sorted = x[order // k]
         if use_triton(x):
             ys = self._grouped(x_sorted, counts)

@@ -70,6 +70,11 @@ class RoutingRecorder:
         self._indices.append(indices.detach().to(torch.int64))
         self._gates.append(gates.detach().to(torch.float32))
 
+    @property
+    def layers(self) -> int:
+        """MoE layers recorded so far (0 for a model without MoE layers)."""
+        return len(self._indices)
+
     def routes(self) -> RoutedExperts:
         return RoutedExperts(torch.stack(self._indices), torch.stack(self._gates))
 

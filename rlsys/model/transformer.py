@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
@@ -69,6 +70,9 @@ class Transformer(nn.Module):
             block.attn.kind_index = counters[block.kind]
             counters[block.kind] += 1
         self.page_pool: PagePool | None = None
+        # Training: recompute each block in the backward instead of keeping its activations
+        # (the trainer's `activation_checkpointing`); same gradients, bitwise.
+        self.checkpoint_blocks = False
 
     # ---- engine: incremental ------------------------------------------------------------
 
@@ -101,18 +105,29 @@ class Transformer(nn.Module):
             spans.append(SeqSpan(row, chunk.shape[0], cache.length))
             row += chunk.shape[0]
         tokens = torch.cat(chunks)
+        positions = self._positions(spans, tokens.device)
         if caches and isinstance(caches[0], PagedSeqCache):
             assert self.page_pool is not None, "paged caches need attach_page_pool"
             kv = paged_kv(self.cfg, self.page_pool, spans, caches)  # type: ignore[arg-type]
-            h = self._trunk(tokens, spans, lambda _: kv, routing, aux)
+            h = self._trunk(tokens, positions, spans, lambda _: kv, routing, aux)
         else:
-            h = self._trunk(tokens, spans, lambda i: [c.layers[i] for c in caches], routing, aux)  # type: ignore[union-attr]
+            layer_kv = lambda i: [c.layers[i] for c in caches]  # type: ignore[union-attr]  # noqa: E731
+            h = self._trunk(tokens, positions, spans, layer_kv, routing, aux)
         for span, cache in zip(spans, caches, strict=True):
             cache.length += span.n
             if isinstance(cache, PagedSeqCache):
                 self.page_pool.trim_window(cache)  # type: ignore[union-attr]
         logits = self.logits(h)
         return [logits[s.row : s.row + s.n] for s in spans]
+
+    def forward_decode(
+        self, tokens: Tensor, positions: Tensor, kv: TritonKV, routing: Routing | None = None
+    ) -> Tensor:
+        """One decode row per sequence over fixed-shape addresses (`StaticDecodeLayout`):
+        tokens/positions (B,) -> fp32 logits (B, V). No host value shapes anything here, so
+        the engine can capture it as a CUDA graph; caches are advanced by the layout."""
+        spans = [SeqSpan(i, 1, 0) for i in range(tokens.shape[0])]  # unread on the Triton path
+        return self.logits(self._trunk(tokens, positions, spans, lambda _: kv, routing, None))
 
     # ---- trainer: full sequences --------------------------------------------------------
 
@@ -167,27 +182,39 @@ class Transformer(nn.Module):
         self, tokens: Tensor, spans: list[SeqSpan], routing: Routing | None, aux: AuxLosses | None
     ) -> Tensor:
         """Sequences from position 0: packed K/V (Triton) or fresh per-sequence caches."""
+        positions = self._positions(spans, tokens.device)
         if use_triton(tokens):
             kv = packed_kv(self.cfg, spans, tokens.device)
-            return self._trunk(tokens, spans, lambda _: kv, routing, aux)
-        caches = [
-            ModelCache([b.attn.new_cache(self.dtype, tokens.device) for b in self.blocks])
-            for _ in spans
-        ]
-        return self._trunk(tokens, spans, lambda i: [c.layers[i] for c in caches], routing, aux)
+            return self._trunk(tokens, positions, spans, lambda _: kv, routing, aux)
+        def fresh_caches(i: int) -> list[LayerCache]:
+            # fresh per call: a checkpointed block's recomputation must not see the K/V its
+            # first pass appended
+            return [self.blocks[i].attn.new_cache(self.dtype, tokens.device) for _ in spans]
+
+        return self._trunk(tokens, positions, spans, fresh_caches, routing, aux)
 
     def _trunk(
         self,
         tokens: Tensor,
+        positions: Tensor,
         spans: list[SeqSpan],
         layer_kv: Callable[[int], list[LayerCache] | TritonKV],
         routing: Routing | None,
         aux: AuxLosses | None,
     ) -> Tensor:
-        positions = self._positions(spans, tokens.device)
         h = self.embed[tokens].float()  # the residual stream is fp32 from here on
+        recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            h = block(h, positions, spans, layer_kv(i), routing, aux)
+            if recompute:
+                # the recomputation adds its aux losses again and its expert load twice:
+                # neither reaches the loss (already built), and a doubled load keeps the
+                # sign the selection-bias update reads
+                def run(h: Tensor, i: int = i, block: Block = block) -> Tensor:
+                    return block(h, positions, spans, layer_kv(i), routing, aux)
+
+                h = checkpoint(run, h, use_reentrant=False)
+            else:
+                h = block(h, positions, spans, layer_kv(i), routing, aux)
         return h
 
     @staticmethod

@@ -90,6 +90,7 @@ class Trainer:
         valid_vocab: int | None = None,
     ) -> None:
         self.model, self.cfg, self.algo = model, cfg, algo
+        model.checkpoint_blocks = cfg.activation_checkpointing
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay

@@ -1,0 +1,62 @@
+"""Where a trainer step's time goes on the GPU (torch profiler): top kernels and host ops.
+
+Usage (GPU machine): python benchmarks/profile_trainer_gpu.py [--preset large] [--layers 8]
+    [--length 8192]
+The preset is cut to `--layers` blocks (same 3:1 pattern) so the profile is quick; one
+warm-up `train_step` on two sequences of `--length` tokens (replay on, chunked LM head),
+then one profiled step: wall time, GPU kernel time, and the top ops by device and host time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_trainer_gpu import trajectory  # noqa: E402
+from rlsys.config.algo import AlgoConfig  # noqa: E402
+from rlsys.config.job import TrainerSection  # noqa: E402
+from rlsys.config.model import preset  # noqa: E402
+from rlsys.model import Transformer  # noqa: E402
+from rlsys.trainer import Trainer  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="large")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--length", type=int, default=8192)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    cfg = preset(args.preset).with_overrides({"n_layers": args.layers})
+    model = Transformer(cfg).cuda()
+    trajs = [trajectory(model, args.length), trajectory(model, args.length)]
+    trajs[1].reward = 0.0
+    section = TrainerSection(
+        replay_experts="indices", replay_candidates=True, lm_head_chunk=1024,
+        micro_batch_tokens=args.length, mismatch_rollouts=0,
+    )  # fmt: skip
+    trainer = Trainer(model, section, AlgoConfig(max_staleness=10**6))
+    trainer.train_step(trajs)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(trajs)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    print(events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=50))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=50))
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    print(f"{args.preset} cut to {args.layers} blocks, 2 x {args.length} tokens")
+    print(f"step wall (profiled) {wall:.2f} s; GPU kernel time {gpu_us / 1e6:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""A decode step's addresses in buffers of fixed shape, for CUDA-graph replay (torch only).
+
+`paged_kv` (rlsys.model.kv_layout) lays out each step's addresses in tensors sized by that
+step: fine eagerly, impossible to replay as a CUDA graph, whose every tensor has one address
+and one shape. `StaticDecodeLayout` holds the same addresses for a decode step of up to
+`batch` sequences (one new token each) in buffers allocated once; `fill` rewrites them from
+the host with two host->device copies, and the forward reads them through a `TritonKV`
+whose tensors are those buffers.
+
+Invariants:
+- Every address is what `paged_kv` computes for the same step, so a real row's output is
+  bitwise the eager decode's (the kernels are functions of each row's own addresses).
+- The kernels' sizes are fixed by (`batch`, `max_pos`), never by the step: `max_pos` is the
+  bucket's last position, not the batch's largest. The indexer then scores more (masked)
+  blocks and the union walks more (empty) bitmap words; the selected set, and so every
+  output, is the same (the selection is exact and tie-broken by block id).
+- Rows beyond the step's sequences (padding up to `batch`) and the block-key update of
+  sequences that complete no block this step address one scratch page of each kind, which
+  no sequence owns: whatever they compute is written there and never read by a real row.
+Legend: B batch (graph size), P page tokens, K Sparse GQA block, MP pages per table row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlsys.config.model import ModelConfig
+from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.model.kv_layout import PagedLayout, TritonKV, geometry
+from rlsys.model.paged_cache import PagedSeqCache, PagePool
+
+
+class StaticDecodeLayout:
+    """Fixed-shape buffers of a decode step of up to `batch` sequences (see module doc)."""
+
+    def __init__(
+        self, cfg: ModelConfig, pool: PagePool, batch: int, max_pos: int, scratch: tuple[int, int]
+    ) -> None:
+        self.cfg, self.pool, self.batch, self.max_pos = cfg, pool, batch, max_pos
+        self.scratch_sparse, self.scratch_swa = scratch
+        geo = geometry(cfg)
+        p, k, dev = pool.page_size, cfg.sparse_block, pool.device
+        self.pages = max_pos // p + 1  # MP: table width that reaches position max_pos
+        # int64 host fields: tokens, positions, sparse rows, swa rows, block rows, K token rows
+        self._n64 = (5 + k) * batch
+        # int32 host fields: slot0, lo, hi, q_pos, sparse table, bk table, swa table
+        self._n32 = 4 * batch + 3 * batch * self.pages
+        pin = dev.type == "cuda"
+        self._host64 = torch.zeros(self._n64, dtype=torch.int64, pin_memory=pin)
+        self._host32 = torch.zeros(self._n32, dtype=torch.int32, pin_memory=pin)
+        self._dev64 = torch.zeros(self._n64, dtype=torch.int64, device=dev)
+        self._dev32 = torch.zeros(self._n32, dtype=torch.int32, device=dev)
+        b64, b32 = self._dev64, self._dev32
+        self.tokens, self.positions = b64[:batch], b64[batch : 2 * batch]
+        sparse_rows, swa_rows = b64[2 * batch : 3 * batch], b64[3 * batch : 4 * batch]
+        block_rows = b64[4 * batch : 5 * batch]
+        block_token_rows = b64[5 * batch :].view(batch, k)
+        slot0, lo, hi, q_pos = (b32[i * batch : (i + 1) * batch] for i in range(4))
+        tables = b32[4 * batch :].view(3, batch, self.pages)
+        ids = torch.arange(batch, dtype=torch.int32, device=dev)  # one tile per sequence
+        tiles = QueryTiles(
+            geo.query_tile, ids, slot0, lo, hi, ids, ids, q_pos,
+            max_pos=max_pos, host_row=tuple(range(batch)), host_rows=(1,) * batch,
+        )  # fmt: skip
+        layout = PagedLayout(
+            pool,
+            PagedKV(tables[0], p),
+            PagedKV(tables[2], p),
+            PagedKV(tables[1], p // k),
+            sparse_rows,
+            swa_rows,
+            block_token_rows,
+            block_rows,
+        )
+        self.kv = TritonKV(geo, tiles, paged=layout)
+
+    def fill(self, tokens: list[int], caches: list[PagedSeqCache]) -> None:
+        """Reserve pages for each sequence's next token and write the step's addresses."""
+        n, bsz, mp = len(tokens), self.batch, self.pages
+        assert n <= bsz and len(caches) == n  # n = 0: padding only (warm-up and capture)
+        p, k, geo_t = self.pool.page_size, self.cfg.sparse_block, self.kv.geo.query_tile
+        pos = torch.zeros(bsz, dtype=torch.int64)
+        sparse_tab = torch.full((bsz, mp), self.scratch_sparse, dtype=torch.int64)
+        swa_tab = torch.full((bsz, mp), self.scratch_swa, dtype=torch.int64)
+        for i, cache in enumerate(caches):
+            assert cache.length <= self.max_pos, "the sequence outgrew this graph's bucket"
+            self.pool.reserve(cache, cache.length + 1)
+            pos[i] = cache.length
+            if self.pool.sparse_k:
+                sparse_tab[i, : len(cache.sparse_pages)] = torch.tensor(cache.sparse_pages)
+            if self.pool.swa_k:
+                swa = [x if x is not None else 0 for x in cache.swa_pages]
+                swa_tab[i, : len(swa)] = torch.tensor(swa)
+        page = pos // p
+        sp_page = sparse_tab.gather(1, page[:, None])[:, 0]
+        sw_page = swa_tab.gather(1, page[:, None])[:, 0]
+        block = pos // k
+        completes = (pos + 1) % k == 0
+        completes[n:] = False
+        # the block a completing token closes, else the scratch page's first block
+        blk_page = torch.where(completes, sp_page, self.scratch_sparse)
+        blk = torch.where(completes, block, 0)
+        tok = blk[:, None] * k + torch.arange(k)[None, :]
+        tok_page = torch.where(
+            completes[:, None], sparse_tab.gather(1, tok // p), self.scratch_sparse
+        )
+        h64 = self._host64
+        h64[:bsz] = 0
+        h64[:n] = torch.tensor(tokens, dtype=torch.int64)
+        h64[bsz : 2 * bsz] = pos
+        h64[2 * bsz : 3 * bsz] = sp_page * p + pos % p
+        h64[3 * bsz : 4 * bsz] = sw_page * p + pos % p
+        h64[4 * bsz : 5 * bsz] = blk_page * (p // k) + blk % (p // k)
+        h64[5 * bsz :] = (tok_page * p + tok % p).reshape(-1)
+        h32 = self._host32
+        h32[:bsz] = pos // geo_t * geo_t
+        h32[bsz : 2 * bsz] = pos
+        h32[2 * bsz : 3 * bsz] = pos + 1
+        h32[3 * bsz : 4 * bsz] = pos
+        tables = torch.stack([sparse_tab * p, sparse_tab * p // k, swa_tab * p])
+        h32[4 * bsz :] = tables.reshape(-1)
+        self._dev64.copy_(h64, non_blocking=True)
+        self._dev32.copy_(h32, non_blocking=True)
+
+    def advance(self, caches: list[PagedSeqCache]) -> None:
+        """After the forward: each sequence holds one more token; release out-of-window pages."""
+        for cache in caches:
+            cache.length += 1
+            self.pool.trim_window(cache)
+
+
+def scratch_pages(pool: PagePool) -> tuple[int, int]:
+    """One page of each kind that no sequence will own (padding rows write there)."""
+    sparse = pool.sparse_alloc.alloc() if pool.sparse_k else 0
+    swa = pool.swa_alloc.alloc() if pool.swa_k else 0
+    return sparse, swa
