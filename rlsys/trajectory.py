@@ -62,15 +62,12 @@ class Segment:
         0..n-1; row r predicted token r + 1) for the tokens past the last one that has a
         route: one block per request, not a record per row (a few bytes per token instead of
         a pickled pair of tensors each). Returns how many tokens it covered."""
-        indices, gates = context_routes["indices"], context_routes["gates"]
-        rows = min(int(indices.shape[1]), len(self.token_ids) - 1)
+        rows = min(int(context_routes["indices"].shape[1]), len(self.token_ids) - 1)
         start = self.route_frontier()
         if start > rows:
             return 0
-        block = {
-            "indices": indices[:, start - 1 : rows].clone(),
-            "gates": gates[:, start - 1 : rows].clone(),
-        }
+        # every recorded kind: indices, gates, and Sparse GQA "blocks" when recorded
+        block = {key: t[:, start - 1 : rows].clone() for key, t in context_routes.items()}
         self.context_routes.append((start, block))
         return rows - start + 1
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineConfig(BaseModel):
@@ -54,6 +54,19 @@ class EngineConfig(BaseModel):
         "max_context_tokens + prefix_cache_tokens.",
     )
 
+    record_selections: bool = Field(
+        False,
+        description="Record every row's Sparse GQA block selections with its routes, for the "
+        "trainer's selection replay (trainer.replay_selections). TP=1 on the CPU reference "
+        "path only.",
+    )
+
+    @model_validator(mode="after")
+    def _check_selections(self) -> EngineConfig:
+        if self.record_selections and (self.tp != 1 or self.device != "cpu"):
+            raise ValueError("record_selections needs tp=1 and device=cpu (the reference path)")
+        return self
+
     def kv_pages(self) -> int:
         """Pages of the paged KV cache (per attention kind)."""
         tokens = self.kv_cache_tokens or (
@@ -77,5 +90,6 @@ class EngineConfig(BaseModel):
             tp_backend="nccl"
             if engine_section.num_gpus > 0 and engine_section.tp > 1
             else "threads",
+            record_selections=engine_section.record_selections,
             **overrides,
         )

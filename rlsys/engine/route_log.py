@@ -1,4 +1,5 @@
-"""The routed experts of one sequence's input rows, in compact dtypes.
+"""The routed experts (and, when recorded, Sparse GQA selections) of one sequence's input
+rows, in compact dtypes.
 
 Row r holds the experts (every MoE layer) chosen for the token at position r when it was
 fed to the model; its logits predicted token r + 1. So a result's per-token
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor
 
 from rlsys.model import RoutedExperts
+from rlsys.model.routing import cat_blocks
 
 
 class RouteLog:
@@ -40,16 +42,17 @@ class RouteLog:
         """Rows [start, stop) as {"indices": (L, n, k), "gates": (L, n, k)}."""
         assert 0 <= start <= stop <= self.rows, (start, stop, self.rows)
         if len(self._parts) > 1:  # compact once so later slices are cheap
-            self._parts = [
-                {
-                    key: torch.cat([p[key] for p in self._parts], dim=1)
-                    for key in ("indices", "gates")
-                }
-            ]
+            merged = {
+                key: torch.cat([p[key] for p in self._parts], dim=1) for key in ("indices", "gates")
+            }
+            if "blocks" in self._parts[0]:  # widths differ between steps: pad to the widest
+                merged["blocks"] = cat_blocks([p["blocks"] for p in self._parts], dim=1)
+            self._parts = [merged]
         if not self._parts:
             raise ValueError("no routes recorded")
         return {key: t[:, start:stop].contiguous() for key, t in self._parts[0].items()}
 
     def row(self, r: int) -> dict[str, Tensor]:
-        """One row as {"indices": (L, k), "gates": (L, k)} (a token's routed experts)."""
+        """One row as {"indices": (L, k), "gates": (L, k)} (a token's routed experts), and
+        "blocks": (S, Hkv, W) when selections are recorded."""
         return {key: t[:, 0] for key, t in self.slice(r, r + 1).items()}
