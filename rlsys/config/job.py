@@ -79,6 +79,12 @@ class EngineSection(_Section):
         description="Record every row's Sparse GQA block selections with its routes, for "
         "trainer.replay_selections (tp=1 on the CPU only).",
     )
+    route_gates: Literal["float32", "bfloat16", "none"] = Field(
+        "float32",
+        description="Gates sent with recorded routes: fp32 (needed by "
+        "trainer.replay_experts indices_and_gates), bf16, or none (indices replay recomputes "
+        "them from the current router).",
+    )
 
 
 SamplingSection = SamplingConfig  # the one sampling configuration (rlsys.config.sampling)
@@ -248,6 +254,13 @@ class JobConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:
+        if self.trainer.replay_experts == "indices_and_gates" and self.engine.route_gates != (
+            "float32"
+        ):
+            raise ValueError(
+                "trainer.replay_experts indices_and_gates replays the engine's exact gates: "
+                f"engine.route_gates must be float32, not {self.engine.route_gates}"
+            )
         if self.trainer.replay_selections and not self.engine.record_selections:
             raise ValueError(
                 "trainer.replay_selections needs engine.record_selections: the trainer can "

@@ -54,6 +54,12 @@ class EngineConfig(BaseModel):
         "max_context_tokens + prefix_cache_tokens.",
     )
 
+    route_gates: Literal["float32", "bfloat16", "none"] = Field(
+        "float32",
+        description="How recorded routes carry their gates: fp32 (what a bitwise "
+        "indices_and_gates replay needs), bf16, or none (indices-only replay recomputes them; "
+        "ids alone are a fifth of the bytes).",
+    )
     record_selections: bool = Field(
         False,
         description="Record every row's Sparse GQA block selections with its routes, for the "
@@ -91,5 +97,6 @@ class EngineConfig(BaseModel):
             if engine_section.num_gpus > 0 and engine_section.tp > 1
             else "threads",
             record_selections=engine_section.record_selections,
+            route_gates=engine_section.route_gates,
             **overrides,
         )

@@ -18,15 +18,16 @@ from rlsys.model.routing import cat_blocks
 
 
 class RouteLog:
-    """Append-only (until `clear`) compact routes: ids uint8/int16, gates fp32."""
+    """Append-only (until `clear`) compact routes: ids uint8/int16, gates in `gate_dtype`
+    (fp32; bf16; "none": no gates, for indices-only replay)."""
 
-    def __init__(self, n_experts: int) -> None:
-        self.n_experts = n_experts
+    def __init__(self, n_experts: int, gate_dtype: str = "float32") -> None:
+        self.n_experts, self.gate_dtype = n_experts, gate_dtype
         self._parts: list[dict[str, Tensor]] = []
         self.rows = 0
 
     def append(self, routes: RoutedExperts) -> None:
-        self._parts.append(routes.to_compact(self.n_experts))
+        self._parts.append(routes.to_compact(self.n_experts, self.gate_dtype))
         self.rows += routes.num_tokens
 
     def extend(self, other: RouteLog, rows: int) -> None:
@@ -42,11 +43,13 @@ class RouteLog:
         """Rows [start, stop) as {"indices": (L, n, k), "gates": (L, n, k)}."""
         assert 0 <= start <= stop <= self.rows, (start, stop, self.rows)
         if len(self._parts) > 1:  # compact once so later slices are cheap
+            # blocks: widths differ between steps, so they are padded to the widest
             merged = {
-                key: torch.cat([p[key] for p in self._parts], dim=1) for key in ("indices", "gates")
+                key: (cat_blocks if key == "blocks" else torch.cat)(
+                    [p[key] for p in self._parts], dim=1
+                )
+                for key in self._parts[0]
             }
-            if "blocks" in self._parts[0]:  # widths differ between steps: pad to the widest
-                merged["blocks"] = cat_blocks([p["blocks"] for p in self._parts], dim=1)
             self._parts = [merged]
         if not self._parts:
             raise ValueError("no routes recorded")

@@ -9,7 +9,8 @@
 - Serialised form (`to_compact` / `from_compact`), what the engine sends per token:
   expert ids as uint8 (n_experts <= 256) or int16, gates as fp32. Why fp32: the bitwise
   replay path needs the exact gate values; bf16 gates (`gate_dtype="bfloat16"`) halve the
-  size and are fine for indices-only replay, where gates are recomputed anyway.
+  size and are fine for indices-only replay, where gates are recomputed anyway; `"none"`
+  sends no gates at all (indices-only replay recomputes them: `engine.route_gates`).
 - Sparse GQA block selections (optional, `blocks`): per Sparse GQA layer, token row and KV
   group, the ids of the past blocks the indexer selected, ascending, padded with -1 to the
   record's width W <= k / B (W is the largest count in the record: a row at position p
@@ -85,10 +86,9 @@ class RoutedExperts:
         """Compact tensors for transport: ids uint8/int16, gates in `gate_dtype`, blocks
         int16 (when recorded)."""
         id_dtype = "uint8" if n_experts <= 256 else "int16"
-        out = {
-            "indices": self.indices.to(_ID_DTYPES[id_dtype]).contiguous(),
-            "gates": self.gates.to(_GATE_DTYPES[gate_dtype]).contiguous(),
-        }
+        out = {"indices": self.indices.to(_ID_DTYPES[id_dtype]).contiguous()}
+        if gate_dtype != "none":
+            out["gates"] = self.gates.to(_GATE_DTYPES[gate_dtype]).contiguous()
         if self.blocks is not None:
             out["blocks"] = compact_blocks(self.blocks)
         return out
@@ -96,9 +96,11 @@ class RoutedExperts:
     @staticmethod
     def from_compact(data: dict[str, Tensor]) -> RoutedExperts:
         blocks = data.get("blocks")
+        indices = data["indices"].to(torch.int64)
+        gates = data.get("gates")
         return RoutedExperts(
-            data["indices"].to(torch.int64),
-            data["gates"].to(torch.float32),
+            indices,
+            gates.to(torch.float32) if gates is not None else torch.zeros(indices.shape),
             blocks.to(torch.int64) if blocks is not None else None,
         )
 

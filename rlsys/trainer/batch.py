@@ -80,7 +80,11 @@ def route_entry(entry: Any) -> tuple[Tensor, Tensor, Tensor | None]:
         blocks = entry.blocks[:, 0] if entry.blocks is not None else None
         return entry.indices[:, 0].to(torch.int64), entry.gates[:, 0].to(torch.float32), blocks
     ids = torch.as_tensor(entry["indices"]).to(torch.int64)
-    gates = torch.as_tensor(entry["gates"]).to(torch.float32)
+    gates = (  # no gates sent (engine.route_gates: none): indices-only replay recomputes them
+        torch.as_tensor(entry["gates"]).to(torch.float32)
+        if "gates" in entry
+        else torch.zeros(ids.shape)
+    )
     blocks = torch.as_tensor(entry["blocks"]).to(torch.int64) if "blocks" in entry else None
     return ids.reshape(ids.shape[0], -1), gates.reshape(gates.shape[0], -1), blocks
 
@@ -157,7 +161,8 @@ def _routes(
     for r0, block in route_blocks:
         n = int(block["indices"].shape[1])
         ids[:, r0 : r0 + n] = torch.as_tensor(block["indices"]).to(torch.int64)
-        gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
+        if "gates" in block:
+            gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
         routed[r0 : r0 + n] = True
     for r, (row_ids, row_gates, _) in entries:
         ids[:, r], gates[:, r] = row_ids, row_gates
