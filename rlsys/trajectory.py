@@ -11,7 +11,8 @@ token i's distribution (row i - 1). A policy token's comes with its generation; 
 prompt and observation tokens come with the next request's `prompt_routed_experts`
 (`fill_context_routes`, kept as blocks in `context_routes`), so every row the policy
 conditioned on carries the route the engine used. A token with neither has no record
-(then the trainer's router decides).
+(then the trainer's router decides). With `engine.record_selections` each route also holds
+the row's Sparse GQA block selections ("blocks"), replayed the same way.
 
 Invariants: all per-token lists of a segment have the same length as `token_ids`;
 `policy_mask[i]` is True exactly for engine-sampled tokens; a turn's penalty applies only to
@@ -33,7 +34,8 @@ class Segment:
     turn_index: list[int] = field(default_factory=list)  # -1 for the initial prompt
     candidate_ids: list[list[int] | None] = field(default_factory=list)
     routed_experts: list[Any] = field(default_factory=list)  # per token; None if not policy
-    # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes
+    # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes;
+    # "gates" absent with engine.route_gates none, "blocks" (S, n, Hkv, W) with selections
     context_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
     def append(
