@@ -70,3 +70,14 @@ def test_recorded_selections_are_compact_and_only_as_wide_as_needed() -> None:
     # prompt rows before the (k/B + 1)-th complete block select everything they see: the
     # record is as wide as the widest row, never wider than k / B
     assert block["blocks"].shape[-1] <= cfg.sparse_selected_blocks
+
+
+def test_a_training_step_with_selection_replay_steps_and_trains_the_indexer() -> None:
+    model = tiny_model()
+    trajs = engine_trajectories(model, record_selections=True, prompt_len=16)
+    trainer = make_trainer(model, replay_selections=True, lr=1e-2)
+    before = [m.w_index_q.detach().clone() for m in model.modules() if isinstance(m, SparseGQA)]
+    result = trainer.train_step(trajs)
+    assert result.stepped
+    after = [m.w_index_q for m in model.modules() if isinstance(m, SparseGQA)]
+    assert all(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
