@@ -21,6 +21,7 @@ ORDER = [
     "admission",
     "job",
     "fidelity",
+    "replay_fidelity",
     "gpu",
     "gpu_kernels",
     "gpu_engine",

@@ -11,7 +11,8 @@ token i's distribution (row i - 1). A policy token's comes with its generation; 
 prompt and observation tokens come with the next request's `prompt_routed_experts`
 (`fill_context_routes`, kept as blocks in `context_routes`), so every row the policy
 conditioned on carries the route the engine used. A token with neither has no record
-(then the trainer's router decides).
+(then the trainer's router decides). With `engine.record_selections` each route also holds
+the row's Sparse GQA block selections ("blocks"), replayed the same way.
 
 Invariants: all per-token lists of a segment have the same length as `token_ids`;
 `policy_mask[i]` is True exactly for engine-sampled tokens; a turn's penalty applies only to
@@ -33,7 +34,8 @@ class Segment:
     turn_index: list[int] = field(default_factory=list)  # -1 for the initial prompt
     candidate_ids: list[list[int] | None] = field(default_factory=list)
     routed_experts: list[Any] = field(default_factory=list)  # per token; None if not policy
-    # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes
+    # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes;
+    # "gates" absent with engine.route_gates none, "blocks" (S, n, Hkv, W) with selections
     context_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
     def append(
@@ -62,15 +64,12 @@ class Segment:
         0..n-1; row r predicted token r + 1) for the tokens past the last one that has a
         route: one block per request, not a record per row (a few bytes per token instead of
         a pickled pair of tensors each). Returns how many tokens it covered."""
-        indices, gates = context_routes["indices"], context_routes["gates"]
-        rows = min(int(indices.shape[1]), len(self.token_ids) - 1)
+        rows = min(int(context_routes["indices"].shape[1]), len(self.token_ids) - 1)
         start = self.route_frontier()
         if start > rows:
             return 0
-        block = {
-            "indices": indices[:, start - 1 : rows].clone(),
-            "gates": gates[:, start - 1 : rows].clone(),
-        }
+        # every recorded kind: indices, gates, and Sparse GQA "blocks" when recorded
+        block = {key: t[:, start - 1 : rows].clone() for key, t in context_routes.items()}
         self.context_routes.append((start, block))
         return rows - start + 1
 

@@ -61,6 +61,7 @@ def model_report(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
         "swa_cache_bytes_per_sequence": cfg.swa_cache_bytes_per_sequence(),
         "routing_record_bytes_per_token": cfg.routing_record_bytes_per_token(),
         "routing_record_dtypes": {"indices": cfg.expert_index_dtype(), "gates": "float32"},
+        "selection_record_bytes_per_token": cfg.selection_record_bytes_per_token(),
         "config": cfg.model_dump(),
     }
 
@@ -89,4 +90,8 @@ def info(preset_name: str, sets: tuple[str, ...], as_json: bool) -> None:
     click.echo(
         f"routing bytes/token    {report['routing_record_bytes_per_token']:,}"
         f" (ids {report['routing_record_dtypes']['indices']}, gates float32)"
+    )
+    click.echo(
+        f"selection bytes/token  {report['selection_record_bytes_per_token']:,}"
+        " (int16 block ids, when engine.record_selections)"
     )

@@ -74,6 +74,17 @@ class EngineSection(_Section):
     weight_sync_timeout_s: float = Field(
         60.0, gt=0, description="Bound on one weight publication before a replica is dropped."
     )
+    record_selections: bool = Field(
+        False,
+        description="Record every row's Sparse GQA block selections with its routes, for "
+        "trainer.replay_selections (tp=1 on the CPU only).",
+    )
+    route_gates: Literal["float32", "bfloat16", "none"] = Field(
+        "float32",
+        description="Gates sent with recorded routes: fp32 (needed by "
+        "trainer.replay_experts indices_and_gates), bf16, or none (indices replay recomputes "
+        "them from the current router).",
+    )
 
 
 SamplingSection = SamplingConfig  # the one sampling configuration (rlsys.config.sampling)
@@ -151,6 +162,11 @@ class TrainerSection(_Section):
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     replay_experts: Literal["off", "indices", "indices_and_gates"] = Field(
         "indices", description="Routed-expert replay for the actor (and the reference policy)."
+    )
+    replay_selections: bool = Field(
+        False,
+        description="Replay the engine's Sparse GQA block selections in the actor and the "
+        "reference forward (needs engine.record_selections; CPU reference path).",
     )
     replay_candidates: bool = Field(True, description="Log-probs over the recorded top-p set only.")
     zero_center: bool = Field(True, description="Zero-center projection on the logit gradient.")
@@ -244,6 +260,18 @@ class JobConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:
+        if self.trainer.replay_experts == "indices_and_gates" and self.engine.route_gates != (
+            "float32"
+        ):
+            raise ValueError(
+                "trainer.replay_experts indices_and_gates replays the engine's exact gates: "
+                f"engine.route_gates must be float32, not {self.engine.route_gates}"
+            )
+        if self.trainer.replay_selections and not self.engine.record_selections:
+            raise ValueError(
+                "trainer.replay_selections needs engine.record_selections: the trainer can "
+                "only replay the selections the engine recorded"
+            )
         if self.trainer.groups_per_step > self.rollout.groups_in_flight:
             raise ValueError(
                 "trainer.groups_per_step must be <= rollout.groups_in_flight "

@@ -128,6 +128,13 @@ class ModelConfig(BaseModel):
         id_bytes = 1 if self.expert_index_dtype() == "uint8" else 2
         return self.n_layers * self.experts_per_token * (id_bytes + 4)
 
+    def selection_record_bytes_per_token(self) -> int:
+        """Bytes of one row's Sparse GQA selections as recorded (engine.record_selections):
+        k / B int16 block ids per Sparse GQA layer and KV group (rows before the
+        (k / B + 1)-th block select fewer)."""
+        n_sparse = self.layer_kinds().count("sparse")
+        return n_sparse * self.n_kv_groups * self.sparse_selected_blocks * 2
+
     def with_overrides(self, overrides: dict[str, Any]) -> ModelConfig:
         """A validated copy with `overrides` applied (unknown keys are rejected)."""
         return ModelConfig.model_validate({**self.model_dump(), **overrides})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineConfig(BaseModel):
@@ -60,6 +60,25 @@ class EngineConfig(BaseModel):
         "captured on first use per batch size and context bucket; same bits as eager steps.",
     )
 
+    route_gates: Literal["float32", "bfloat16", "none"] = Field(
+        "float32",
+        description="How recorded routes carry their gates: fp32 (what a bitwise "
+        "indices_and_gates replay needs), bf16, or none (indices-only replay recomputes them; "
+        "ids alone are a fifth of the bytes).",
+    )
+    record_selections: bool = Field(
+        False,
+        description="Record every row's Sparse GQA block selections with its routes, for the "
+        "trainer's selection replay (trainer.replay_selections). TP=1 on the CPU reference "
+        "path only.",
+    )
+
+    @model_validator(mode="after")
+    def _check_selections(self) -> EngineConfig:
+        if self.record_selections and (self.tp != 1 or self.device != "cpu"):
+            raise ValueError("record_selections needs tp=1 and device=cpu (the reference path)")
+        return self
+
     def kv_pages(self) -> int:
         """Pages of the paged KV cache (per attention kind)."""
         tokens = self.kv_cache_tokens or (
@@ -84,5 +103,7 @@ class EngineConfig(BaseModel):
             tp_backend="nccl"
             if engine_section.num_gpus > 0 and engine_section.tp > 1
             else "threads",
+            record_selections=engine_section.record_selections,
+            route_gates=engine_section.route_gates,
             **overrides,
         )

@@ -94,7 +94,7 @@ class EngineCore:
                 rng,
                 min(self.cfg.candidate_cap, s.candidate_cap),
                 [self.tokenizer.encode(text) for text in s.stop_strings],
-                RouteLog(self.model_cfg.n_experts),
+                RouteLog(self.model_cfg.n_experts, self.cfg.route_gates),
             )
         )
         return None
@@ -224,7 +224,7 @@ class EngineCore:
         prompt = tuple(seq.request.prompt_ids)
         if not self.cfg.prefix_cache_tokens or prompt in self.prefix:
             return
-        routes = RouteLog(self.model_cfg.n_experts)
+        routes = RouteLog(self.model_cfg.n_experts, self.cfg.route_gates)
         routes.extend(seq.routes, len(prompt))
         key = self.runner.fork_cache(seq.cache_key)
         self.prefix.insert(PrefixEntry(prompt, key, logits, routes, self.version))

@@ -1,4 +1,5 @@
-"""The routed experts of one sequence's input rows, in compact dtypes.
+"""The routed experts (and, when recorded, Sparse GQA selections) of one sequence's input
+rows, in compact dtypes.
 
 Row r holds the experts (every MoE layer) chosen for the token at position r when it was
 fed to the model; its logits predicted token r + 1. So a result's per-token
@@ -13,18 +14,20 @@ import torch
 from torch import Tensor
 
 from rlsys.model import RoutedExperts
+from rlsys.model.routing import cat_blocks
 
 
 class RouteLog:
-    """Append-only (until `clear`) compact routes: ids uint8/int16, gates fp32."""
+    """Append-only (until `clear`) compact routes: ids uint8/int16, gates in `gate_dtype`
+    (fp32; bf16; "none": no gates, for indices-only replay)."""
 
-    def __init__(self, n_experts: int) -> None:
-        self.n_experts = n_experts
+    def __init__(self, n_experts: int, gate_dtype: str = "float32") -> None:
+        self.n_experts, self.gate_dtype = n_experts, gate_dtype
         self._parts: list[dict[str, Tensor]] = []
         self.rows = 0
 
     def append(self, routes: RoutedExperts) -> None:
-        self._parts.append(routes.to_compact(self.n_experts))
+        self._parts.append(routes.to_compact(self.n_experts, self.gate_dtype))
         self.rows += routes.num_tokens
 
     def extend(self, other: RouteLog, rows: int) -> None:
@@ -40,16 +43,19 @@ class RouteLog:
         """Rows [start, stop) as {"indices": (L, n, k), "gates": (L, n, k)}."""
         assert 0 <= start <= stop <= self.rows, (start, stop, self.rows)
         if len(self._parts) > 1:  # compact once so later slices are cheap
-            self._parts = [
-                {
-                    key: torch.cat([p[key] for p in self._parts], dim=1)
-                    for key in ("indices", "gates")
-                }
-            ]
+            # blocks: widths differ between steps, so they are padded to the widest
+            merged = {
+                key: (cat_blocks if key == "blocks" else torch.cat)(
+                    [p[key] for p in self._parts], dim=1
+                )
+                for key in self._parts[0]
+            }
+            self._parts = [merged]
         if not self._parts:
             raise ValueError("no routes recorded")
         return {key: t[:, start:stop].contiguous() for key, t in self._parts[0].items()}
 
     def row(self, r: int) -> dict[str, Tensor]:
-        """One row as {"indices": (L, k), "gates": (L, k)} (a token's routed experts)."""
+        """One row as {"indices": (L, k), "gates": (L, k)} (a token's routed experts), and
+        "blocks": (S, Hkv, W) when selections are recorded."""
         return {key: t[:, 0] for key, t in self.slice(r, r + 1).items()}

@@ -54,8 +54,11 @@ def snapshot(cache: ModelCache) -> ModelCache:
 class CacheTable:
     """Key -> sequence cache (per-layer `ModelCache`, or pages of the model's `PagePool`)."""
 
-    def __init__(self, model: Transformer, device: torch.device) -> None:
+    def __init__(
+        self, model: Transformer, device: torch.device, record_selections: bool = False
+    ) -> None:
         self.model, self.device = model, device
+        self.record_selections = record_selections
         self.caches: dict[int, ModelCache | PagedSeqCache] = {}
         self._keys = itertools.count()
 
@@ -82,7 +85,7 @@ class CacheTable:
         self, keys: list[int], chunks: list[list[int]], record: bool
     ) -> tuple[list[Tensor], RoutedExperts | None]:
         tensors = [torch.tensor(c, dtype=torch.long, device=self.device) for c in chunks]
-        recorder = RoutingRecorder() if record else None
+        recorder = RoutingRecorder(blocks=self.record_selections) if record else None
         with torch.inference_mode():
             logits = self.model.forward_step(
                 tensors, [self.caches[k] for k in keys], routing=recorder
@@ -100,6 +103,7 @@ class LocalRunner:
         device: str = "cpu",
         kv_pages: int = 0,
         page_tokens: int = 64,
+        record_selections: bool = False,
     ) -> None:
         self.device = torch.device(device)
         model = Transformer(cfg).eval()
@@ -107,7 +111,7 @@ class LocalRunner:
             model.load_state_dict(state)
         self.model = model.to(self.device)
         attach_pool(self.model, self.device, kv_pages, page_tokens)
-        self.table = CacheTable(self.model, self.device)
+        self.table = CacheTable(self.model, self.device, record_selections)
         self.graphs: DecodeGraphs | None = None
 
     def enable_decode_graphs(self, max_batch: int, max_context: int) -> None:
@@ -164,6 +168,4 @@ def attach_pool(
 
 
 def routes_to_cpu(routes: RoutedExperts | None) -> RoutedExperts | None:
-    if routes is None:
-        return None
-    return RoutedExperts(routes.indices.cpu(), routes.gates.cpu())
+    return routes.to("cpu") if routes is not None else None

@@ -46,7 +46,12 @@ def make_runner(
     """The runner for `engine_cfg` (weights from `state`, else the model's own init)."""
     if engine_cfg.tp == 1:
         runner = LocalRunner(
-            cfg, state, engine_cfg.device, engine_cfg.kv_pages(), engine_cfg.kv_page_tokens
+            cfg,
+            state,
+            engine_cfg.device,
+            engine_cfg.kv_pages(),
+            engine_cfg.kv_page_tokens,
+            engine_cfg.record_selections,
         )
         if engine_cfg.cuda_graphs and runner.device.type == "cuda":
             runner.enable_decode_graphs(engine_cfg.max_running, engine_cfg.max_context_tokens)

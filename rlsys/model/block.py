@@ -56,7 +56,7 @@ class Block(nn.Module):
         routing: Routing | None = None,
         aux: AuxLosses | None = None,
     ) -> Tensor:
-        a = self.attn(self.attn_norm(h).to(self.dtype), positions, spans, caches, aux)
+        a = self.attn(self.attn_norm(h).to(self.dtype), positions, spans, caches, aux, routing)
         h = h + a.float()
         x = self.ffn_norm(h).to(self.dtype)
         f = self.ffn(x, routing, aux) if isinstance(self.ffn, MoE) else self.ffn(x)

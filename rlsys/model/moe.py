@@ -103,7 +103,7 @@ class MoE(nn.Module):
         return full[:, : k * d].view(n, k, d), (full[:, k * d :] if shared is not None else None)
 
     def _route(self, scores: Tensor, routing: Routing | None) -> tuple[Tensor, Tensor]:
-        if isinstance(routing, RoutingReplay):
+        if isinstance(routing, RoutingReplay) and routing.experts:
             idx, gates = routing.lookup(self.layer)
             idx = idx.to(scores.device)
             if routing.rows is not None:  # rows without a record: the router's own choice

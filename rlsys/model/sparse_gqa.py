@@ -14,6 +14,12 @@ Per layer and sequence:
   are over L / B blocks. No L x L tensor is built.
 - Training: an indexer KL (DSA-style) pulls the index distribution over the selected blocks
   toward the main attention's (detached) mass on them; collected in `AuxLosses`.
+- Selection record/replay (reference path): a `RoutingRecorder(blocks=True)` gets each
+  row's selected block ids (N, Hkv, W) (ascending, -1 padded); a `RoutingReplay` with
+  `blocks=True` makes the recorded rows attend to their recorded blocks instead of the
+  indexer's top-k (the index scores are still computed, for the indexer KL). With the
+  recorded weights this is bitwise the recorded forward: the same mask reaches the same
+  fold. The Triton path neither records nor replays selections (it raises).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from rlsys.model.aux import AuxLosses
 from rlsys.model.cache import SparseKVCache
 from rlsys.model.kv_layout import TritonKV
 from rlsys.model.rope import apply_rope
+from rlsys.model.routing import Routing, RoutingRecorder, RoutingReplay, cat_blocks
 
 
 class SparseGQA(nn.Module):
@@ -66,6 +73,7 @@ class SparseGQA(nn.Module):
         spans: list[SeqSpan],
         caches: list[SparseKVCache] | TritonKV,
         aux: AuxLosses | None = None,
+        routing: Routing | None = None,
     ) -> Tensor:
         cfg = self.cfg
         n = x.shape[0]
@@ -79,7 +87,13 @@ class SparseGQA(nn.Module):
         qi = apply_rope(qi, positions, cfg.rope_theta)
         ki = kernels.linear(x_index, self.w_index_k).float().view(n, 1, -1)
         ki = apply_rope(ki, positions, cfg.rope_theta).view(n, -1)
+        forced = (
+            routing.lookup_blocks(self.kind_index) if isinstance(routing, RoutingReplay) else None
+        )
+        record = isinstance(routing, RoutingRecorder) and routing.blocks
         if isinstance(caches, TritonKV):
+            if forced is not None or record:
+                raise NotImplementedError("Sparse GQA selection record/replay: reference path only")
             from rlsys.model.triton_attention import sparse_attention
 
             want_kl = aux is not None and torch.is_grad_enabled()
@@ -89,11 +103,24 @@ class SparseGQA(nn.Module):
             if kl is not None and aux is not None:
                 aux.add("indexer_kl", kl)
             return self.proj.gated_output(x, out)
-        outs = []
+        replay_rows = None
+        if forced is not None:
+            assert isinstance(routing, RoutingReplay)
+            replay_rows = (
+                routing.rows if routing.rows is not None else torch.ones(n, dtype=torch.bool)
+            )
+            forced, replay_rows = forced.to(x.device), replay_rows.to(x.device)
+        outs, chosen = [], []
         for s, cache in zip(spans, caches, strict=True):
             rows = slice(s.row, s.row + s.n)
             self._append(cache, k[rows], v[rows], ki[rows])
-            outs.append(self._attend(q[rows], qi[rows], s.pos, cache, aux))
+            replay = (forced[rows], replay_rows[rows]) if forced is not None else None  # type: ignore[index]
+            out, ids = self._attend(q[rows], qi[rows], s.pos, cache, aux, replay, record)
+            outs.append(out)
+            chosen += ids
+        if record:
+            assert isinstance(routing, RoutingRecorder)
+            routing.add_blocks(self.kind_index, cat_blocks(chosen, dim=0))
         return self.proj.gated_output(x, torch.cat(outs, dim=0))
 
     def _append(self, cache: SparseKVCache, k: Tensor, v: Tensor, ki: Tensor) -> None:
@@ -110,8 +137,17 @@ class SparseGQA(nn.Module):
         cache.pending_index_keys = pending[n_full * b :]
 
     def _attend(
-        self, q: Tensor, qi: Tensor, pos0: int, cache: SparseKVCache, aux: AuxLosses | None
-    ) -> Tensor:
+        self,
+        q: Tensor,
+        qi: Tensor,
+        pos0: int,
+        cache: SparseKVCache,
+        aux: AuxLosses | None,
+        replay: tuple[Tensor, Tensor] | None,
+        record: bool,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Attention output of the rows, and (when `record`) their selections per chunk.
+        `replay`: (recorded ids (m, Hkv, W), which rows use them (m,))."""
         cfg = self.cfg
         b, tile, step = cfg.sparse_block, cfg.sparse_query_tile, cfg.tiles_per_chunk
         n_blocks = math.ceil(cache.length / b)
@@ -119,19 +155,31 @@ class SparseGQA(nn.Module):
         kb = F.pad(cache.k, (0, 0, 0, 0, 0, pad)).view(n_blocks, b, *cache.k.shape[1:])
         vb = F.pad(cache.v, (0, 0, 0, 0, 0, pad)).view(n_blocks, b, *cache.v.shape[1:])
         want_kl = aux is not None and torch.is_grad_enabled()
-        outs = []
+        outs, chosen = [], []
         first_tile, last_tile = pos0 // tile, (pos0 + q.shape[0] - 1) // tile
         for ja in range(first_tile, last_tile + 1, step):
             lo = max(pos0, ja * tile)
             hi = min(pos0 + q.shape[0], (ja + step) * tile)
             rows = slice(lo - pos0, hi - pos0)
-            out, kl = checkpointed(
-                self._attend_tiles, q[rows], qi[rows], lo, ja, kb, vb, cache.block_keys, want_kl
+            forced = (replay[0][rows], replay[1][rows]) if replay is not None else (None, None)
+            out, kl, ids = checkpointed(
+                self._attend_tiles,
+                q[rows],
+                qi[rows],
+                lo,
+                ja,
+                kb,
+                vb,
+                cache.block_keys,
+                want_kl,
+                *forced,
+                record,
             )
             outs.append(out)
+            chosen.append(ids)
             if want_kl:
                 aux.add("indexer_kl", kl)
-        return torch.cat(outs, dim=0)
+        return torch.cat(outs, dim=0), chosen if record else []
 
     def _attend_tiles(
         self,
@@ -143,14 +191,22 @@ class SparseGQA(nn.Module):
         vb: Tensor,
         block_keys: Tensor,
         want_kl: bool,
-    ) -> tuple[Tensor, Tensor]:
-        """Queries at positions [lo, lo + m), all in tiles >= first_tile, over their unions."""
+        forced: Tensor | None,
+        forced_rows: Tensor | None,
+        record: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries at positions [lo, lo + m), all in tiles >= first_tile, over their unions;
+        returns (output rows, indexer KL, the rows' selections (m, Hkv, W) or an empty one)."""
         cfg = self.cfg
         b, tile, hkv = cfg.sparse_block, cfg.sparse_query_tile, cfg.n_kv_groups
         g, dev = cfg.n_heads // hkv, q.device
         m, n_blocks = q.shape[0], kb.shape[0]
         positions = torch.arange(lo, lo + m, device=dev)
         scores, selected = self._select(qi, positions, block_keys, n_blocks)
+        if forced is not None and forced_rows is not None:
+            recorded = blocks_mask(forced, n_blocks)
+            selected = torch.where(forced_rows[:, None, None], recorded, selected)
+        chosen = selected_ids(selected) if record else selected.new_zeros(0, dtype=torch.int64)
         current = torch.arange(n_blocks, device=dev)[None, :] == (positions // b)[:, None]
         attends = selected | current[:, None, :]  # (m, Hkv, n_blocks)
 
@@ -186,7 +242,7 @@ class SparseGQA(nn.Module):
             if want_kl
             else torch.zeros((), device=dev)
         )
-        return items_to_rows(out, tile_of_row, offset, n_tiles, tile, hkv), kl
+        return items_to_rows(out, tile_of_row, offset, n_tiles, tile, hkv), kl, chosen
 
     def _indexer_loss(
         self,
@@ -243,3 +299,20 @@ class SparseGQA(nn.Module):
         )
         scores = torch.cat([raw, scores[..., n_complete:]], dim=-1)
         return scores, selected
+
+
+def selected_ids(selected: Tensor) -> Tensor:
+    """Selection mask (m, Hkv, n_blocks) -> ascending block ids (m, Hkv, W), -1 padded, W the
+    largest count of any row (a row before the (k/B + 1)-th block selects all it can see)."""
+    n_blocks = selected.shape[-1]
+    width = int(selected.sum(-1).max()) if selected.numel() else 0
+    order = torch.where(selected, torch.arange(n_blocks, device=selected.device), n_blocks)
+    ids = order.sort(dim=-1).values[..., :width]
+    return torch.where(ids < n_blocks, ids, -1)
+
+
+def blocks_mask(ids: Tensor, n_blocks: int) -> Tensor:
+    """Inverse of `selected_ids`: ids (m, Hkv, W) (-1 padded) -> mask (m, Hkv, n_blocks)."""
+    slot = torch.where(ids >= 0, ids, n_blocks).clamp_max(n_blocks)
+    mask = torch.zeros(*ids.shape[:-1], n_blocks + 1, dtype=torch.bool, device=ids.device)
+    return mask.scatter(-1, slot, True)[..., :n_blocks]

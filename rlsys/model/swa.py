@@ -24,6 +24,7 @@ from rlsys.model.attention import (
 from rlsys.model.aux import AuxLosses
 from rlsys.model.cache import SlidingKVCache
 from rlsys.model.kv_layout import TritonKV
+from rlsys.model.routing import Routing
 
 
 class GatedSlidingWindowAttention(nn.Module):
@@ -47,6 +48,7 @@ class GatedSlidingWindowAttention(nn.Module):
         spans: list[SeqSpan],
         caches: list[SlidingKVCache] | TritonKV,
         aux: AuxLosses | None = None,
+        routing: Routing | None = None,  # unused: a window decides nothing (no replay)
     ) -> Tensor:
         q, k, v = self.proj.qkv(x, positions)
         if isinstance(caches, TritonKV):

@@ -11,8 +11,11 @@ forward row that produced its distribution (row i - 1 of its span; a policy toke
 engine used when a later request fed them (`Segment.fill_context_routes`). Rows with a
 record are marked in `routed_rows`; the others are routed by the current router.
 
+Sparse GQA selections (when the engine recorded them) travel with the routes, under the
+same row convention; `routes.blocks` is (S, N, Hkv, W), -1 where a row has none.
+
 Tensor legend: N packed rows, P policy tokens, C longest candidate set, L MoE layers,
-k experts per token.
+k experts per token, S Sparse GQA layers, Hkv KV groups, W selected blocks (<= k / B).
 """
 
 from __future__ import annotations
@@ -61,23 +64,29 @@ class PackedBatch:
             for f in fields(self)
             if isinstance(getattr(self, f.name), Tensor)
         }
-        routes = self.routes
-        if routes is not None:
-            routes = RoutedExperts(routes.indices.to(device), routes.gates.to(device))
+        routes = self.routes.to(device) if self.routes is not None else None
         return replace(self, routes=routes, **moved)
 
 
-def route_entry(entry: Any) -> tuple[Tensor, Tensor]:
-    """One token's routed-experts payload -> (ids (L, k) int64, gates (L, k) fp32).
+def route_entry(entry: Any) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One token's routed-experts payload -> (ids (L, k) int64, gates (L, k) fp32, Sparse GQA
+    selections (S, Hkv, W) int64 or None).
 
-    Accepts the engine's compact per-token dict `{"indices": (L, k), "gates": (L, k)}`
-    (tensors or nested lists, ids possibly uint8/int16) or a one-token `RoutedExperts`.
+    Accepts the engine's compact per-token dict `{"indices": (L, k), "gates": (L, k)}` (and
+    `"blocks"` when recorded; tensors or nested lists, ids possibly uint8/int16) or a
+    one-token `RoutedExperts`.
     """
     if isinstance(entry, RoutedExperts):
-        return entry.indices[:, 0].to(torch.int64), entry.gates[:, 0].to(torch.float32)
+        blocks = entry.blocks[:, 0] if entry.blocks is not None else None
+        return entry.indices[:, 0].to(torch.int64), entry.gates[:, 0].to(torch.float32), blocks
     ids = torch.as_tensor(entry["indices"]).to(torch.int64)
-    gates = torch.as_tensor(entry["gates"]).to(torch.float32)
-    return ids.reshape(ids.shape[0], -1), gates.reshape(gates.shape[0], -1)
+    gates = (  # no gates sent (engine.route_gates: none): indices-only replay recomputes them
+        torch.as_tensor(entry["gates"]).to(torch.float32)
+        if "gates" in entry
+        else torch.zeros(ids.shape)
+    )
+    blocks = torch.as_tensor(entry["blocks"]).to(torch.int64) if "blocks" in entry else None
+    return ids.reshape(ids.shape[0], -1), gates.reshape(gates.shape[0], -1), blocks
 
 
 def pack(
@@ -140,8 +149,9 @@ def _routes(
 ) -> tuple[RoutedExperts | None, Tensor]:
     """(L, N, k) routes from per-row entries and (first row, block) context blocks."""
     routed = torch.zeros(num_rows, dtype=torch.bool)
-    if route_rows:
-        layers, k = route_entry(route_rows[0][1])[0].shape
+    entries = [(r, route_entry(entry)) for r, entry in route_rows]
+    if entries:
+        layers, k = entries[0][1][0].shape
     elif route_blocks:
         layers, _, k = route_blocks[0][1]["indices"].shape
     else:
@@ -151,12 +161,38 @@ def _routes(
     for r0, block in route_blocks:
         n = int(block["indices"].shape[1])
         ids[:, r0 : r0 + n] = torch.as_tensor(block["indices"]).to(torch.int64)
-        gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
+        if "gates" in block:
+            gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
         routed[r0 : r0 + n] = True
-    for r, entry in route_rows:
-        ids[:, r], gates[:, r] = route_entry(entry)
+    for r, (row_ids, row_gates, _) in entries:
+        ids[:, r], gates[:, r] = row_ids, row_gates
         routed[r] = True
-    return RoutedExperts(ids, gates), routed
+    return RoutedExperts(ids, gates, _blocks(entries, route_blocks, num_rows)), routed
+
+
+def _blocks(
+    entries: list[tuple[int, tuple[Tensor, Tensor, Tensor | None]]],
+    route_blocks: list[tuple[int, dict[str, Any]]],
+    num_rows: int,
+) -> Tensor | None:
+    """(S, N, Hkv, W) Sparse GQA selections, -1 padded, if every recorded row carries them."""
+    rows = [(r, b) for r, (_, _, b) in entries]
+    blocks = [
+        (r0, torch.as_tensor(block["blocks"])) for r0, block in route_blocks if "blocks" in block
+    ]
+    if any(b is None for _, b in rows) or len(blocks) < len(route_blocks):
+        return None
+    shapes = [b.shape for _, b in rows] + [b[:, 0].shape for _, b in blocks]
+    if not shapes:
+        return None
+    layers, groups = shapes[0][0], shapes[0][1]
+    width = max(shape[-1] for shape in shapes)
+    out = torch.full((layers, num_rows, groups, width), -1, dtype=torch.int64)
+    for r0, b in blocks:
+        out[:, r0 : r0 + b.shape[1], :, : b.shape[-1]] = b.to(torch.int64)
+    for r, b in rows:
+        out[:, r, :, : b.shape[-1]] = b  # type: ignore[union-attr]
+    return out
 
 
 def micro_batches(

@@ -8,6 +8,10 @@ Replay modes (a registry, `trainer.replay_experts`):
   the weights are the engine's).
 Rows without a record (prompt, observations) are always routed by the current router.
 The same mode is used for the actor and for the reference policy.
+
+Selection replay (`trainer.replay_selections`, independent of the expert mode): rows with
+recorded Sparse GQA selections attend to the engine's blocks instead of the current
+indexer's top-k (DESIGN.md 6: the third discrete decision inference made).
 """
 
 from __future__ import annotations
@@ -23,20 +27,26 @@ from rlsys.model.routing import Routing, RoutingReplay
 from rlsys.trainer.batch import PackedBatch
 
 
-def _no_replay(batch: PackedBatch) -> Routing | None:
-    return None
+def _no_replay(batch: PackedBatch, selections: bool) -> Routing | None:
+    if not selections or batch.routes is None:
+        return None
+    return RoutingReplay(
+        batch.routes, use_gates=False, rows=batch.routed_rows_N, blocks=True, experts=False
+    )
 
 
-def _replay(use_gates: bool) -> Callable[[PackedBatch], Routing | None]:
-    def build(batch: PackedBatch) -> Routing | None:
+def _replay(use_gates: bool) -> Callable[[PackedBatch, bool], Routing | None]:
+    def build(batch: PackedBatch, selections: bool) -> Routing | None:
         if batch.routes is None:
             return None
-        return RoutingReplay(batch.routes, use_gates=use_gates, rows=batch.routed_rows_N)
+        return RoutingReplay(
+            batch.routes, use_gates=use_gates, rows=batch.routed_rows_N, blocks=selections
+        )
 
     return build
 
 
-REPLAY_MODES: dict[str, Callable[[PackedBatch], Routing | None]] = {
+REPLAY_MODES: dict[str, Callable[[PackedBatch, bool], Routing | None]] = {
     "off": _no_replay,
     "indices": _replay(False),
     "indices_and_gates": _replay(True),
@@ -44,13 +54,27 @@ REPLAY_MODES: dict[str, Callable[[PackedBatch], Routing | None]] = {
 
 
 def packed_hidden(
-    model: Transformer, batch: PackedBatch, replay: str, aux: AuxLosses | None = None
+    model: Transformer,
+    batch: PackedBatch,
+    replay: str,
+    aux: AuxLosses | None = None,
+    selections: bool = False,
 ) -> Tensor:
-    """fp32 hidden states (N, d) of every packed row (each segment from position 0)."""
+    """fp32 hidden states (N, d) of every packed row (each segment from position 0).
+
+    `selections`: replay the recorded Sparse GQA selections (a batch packed without
+    recorded selections cannot: that is an error, not a silent fallback)."""
     spans = [SeqSpan(row, n, 0) for row, n in batch.spans]
-    return model.hidden_packed(batch.tokens_N, spans, REPLAY_MODES[replay](batch), aux)
+    if selections and batch.routes is not None and batch.routes.blocks is None:
+        raise ValueError(
+            "trainer.replay_selections needs the engine's selections: set engine.record_selections"
+        )
+    routing = REPLAY_MODES[replay](batch, selections)
+    return model.hidden_packed(batch.tokens_N, spans, routing, aux)
 
 
-def packed_hidden_no_grad(model: Transformer, batch: PackedBatch, replay: str) -> Tensor:
+def packed_hidden_no_grad(
+    model: Transformer, batch: PackedBatch, replay: str, selections: bool = False
+) -> Tensor:
     with torch.no_grad():
-        return packed_hidden(model, batch, replay)
+        return packed_hidden(model, batch, replay, selections=selections)

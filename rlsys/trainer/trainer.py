@@ -218,7 +218,9 @@ class Trainer:
         sums: TokenSums,
     ) -> None:
         aux = AuxLosses()
-        h_Nd = packed_hidden(self.model, batch, self.cfg.replay_experts, aux)
+        h_Nd = packed_hidden(
+            self.model, batch, self.cfg.replay_experts, aux, self.cfg.replay_selections
+        )
         h_Pd = h_Nd[batch.pred_rows_P]
         out = self._log_probs(self.model, h_Pd, batch)
         critic_loss = torch.zeros((), device=self.device)
@@ -257,7 +259,9 @@ class Trainer:
     def _reference_log_probs(self, batch: PackedBatch) -> Tensor:
         assert self.reference is not None
         with torch.no_grad():
-            h = packed_hidden(self.reference, batch, self.cfg.replay_experts)
+            h = packed_hidden(
+                self.reference, batch, self.cfg.replay_experts, None, self.cfg.replay_selections
+            )
             return self._log_probs(self.reference, h[batch.pred_rows_P], batch).logp_P
 
     # ---- no-gradient recomputation (tests, alignment checks) -------------------------------
@@ -267,20 +271,22 @@ class Trainer:
         trajectories: Sequence[Trajectory],
         replay: str | None = None,
         model: Transformer | None = None,
+        selections: bool | None = None,
     ) -> list[Tensor]:
         """Recomputed log-probs of each trajectory's policy tokens (segment order), no grad.
 
-        Uses `replay` (default: the configured mode) and the configured candidate replay,
-        with `model` (default: the policy); runs in eval mode so MoE load statistics are
-        not touched.
+        Uses `replay` and `selections` (default: the configured expert and selection replay)
+        and the configured candidate replay, with `model` (default: the policy); runs in eval
+        mode so MoE load statistics are not touched.
         """
         mode = replay or self.cfg.replay_experts
+        blocks = self.cfg.replay_selections if selections is None else selections
         model = model if model is not None else self.model
         per_sample: list[list[Tensor]] = [[] for _ in trajectories]
         with _eval(model), torch.no_grad():
             for items in micro_batches(trajectories, self.cfg.micro_batch_tokens):
-                batch = pack(items, with_routes=mode != "off").to(self.device)
-                h = packed_hidden(model, batch, mode)
+                batch = pack(items, with_routes=mode != "off" or blocks).to(self.device)
+                h = packed_hidden(model, batch, mode, selections=blocks)
                 logp = self._log_probs(model, h[batch.pred_rows_P], batch).logp_P.cpu()
                 sample_P = batch.sample_P.cpu()
                 for s in sample_P.unique().tolist():

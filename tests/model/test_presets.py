@@ -43,6 +43,8 @@ def test_model_info_json_reports_layers_pattern_params_and_bytes() -> None:
     assert report["kv_cache_bytes_per_token"] > 0
     # 92 MoE layers x 6 experts x (1 byte id + 4 byte gate)
     assert report["routing_record_bytes_per_token"] == 92 * 6 * 5
+    # 23 Sparse GQA layers x 4 KV groups x 512 blocks (k 4096 / B 8) x int16
+    assert report["selection_record_bytes_per_token"] == 23 * 4 * 512 * 2
 
 
 def test_model_info_applies_overrides_and_rejects_bad_ones() -> None:

@@ -43,10 +43,18 @@ def engine_trajectories(
     seed: int = 0,
     device: str = "cpu",
     context_routes: bool = True,
+    record_selections: bool = False,
+    route_gates: str = "float32",
 ) -> list[Trajectory]:
     vocab = model.cfg.vocab_size
     rng = torch.Generator().manual_seed(seed)
-    engine_cfg = EngineConfig(seed=seed, max_context_tokens=4096, device=device)
+    engine_cfg = EngineConfig(
+        seed=seed,
+        max_context_tokens=4096,
+        device=device,
+        record_selections=record_selections,
+        route_gates=route_gates,
+    )
     trajs = []
     with InferenceEngine(model.cfg, engine_cfg, model.state_dict(), version) as engine:
         for g in range(groups):
