@@ -186,6 +186,7 @@ class Transformer(nn.Module):
         if use_triton(tokens):
             kv = packed_kv(self.cfg, spans, tokens.device)
             return self._trunk(tokens, positions, spans, lambda _: kv, routing, aux)
+
         def fresh_caches(i: int) -> list[LayerCache]:
             # fresh per call: a checkpointed block's recomputation must not see the K/V its
             # first pass appended
