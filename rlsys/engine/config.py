@@ -1,15 +1,16 @@
 """Configuration of one inference engine (one replica), importable without torch.
 
 Invariant: nothing here changes a token's numerics. Batch limits, the prefill budget per
-step, the prefix-cache capacity and the TP degree decide only *when* and *where* a token is
-computed; the batch-invariant kernels make its log-probs independent of all of them.
+step, the prefix-cache capacity, the TP degree and speculative decoding decide only *when*
+and *where* a token is computed; the batch-invariant kernels make its log-probs independent
+of all of them (a draft is kept only when the seeded sampler draws it).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineConfig(BaseModel):
@@ -53,6 +54,25 @@ class EngineConfig(BaseModel):
         description="Paged KV capacity in tokens (Triton path). None: max_running x "
         "max_context_tokens + prefix_cache_tokens.",
     )
+
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="MTP speculative decoding: tokens the MTP heads draft per step, verified "
+        "in one forward (0 = off). At most the model's mtp_depth, and the verify chunk "
+        "(k + 1 rows) fits one Sparse GQA block and one SWA tile. Reference caches only "
+        "(tp=1, device cpu).",
+    )
+
+    @model_validator(mode="after")
+    def _speculative_needs_reference_caches(self) -> EngineConfig:
+        if self.speculative_tokens and (self.tp != 1 or self.device != "cpu"):
+            raise ValueError(
+                "speculative_tokens > 0 needs tp=1 and device='cpu': rolling back rejected "
+                "drafts is implemented for the reference KV caches only"
+            )
+        return self
 
     def kv_pages(self) -> int:
         """Pages of the paged KV cache (per attention kind)."""

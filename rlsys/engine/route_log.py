@@ -16,7 +16,7 @@ from rlsys.model import RoutedExperts
 
 
 class RouteLog:
-    """Append-only (until `clear`) compact routes: ids uint8/int16, gates fp32."""
+    """Append-only (until `clear`, or a `truncate` of the last append) compact routes: ids uint8/int16, gates fp32."""
 
     def __init__(self, n_experts: int) -> None:
         self.n_experts = n_experts
@@ -32,6 +32,17 @@ class RouteLog:
         if rows:
             self._parts.append(other.slice(0, rows))
             self.rows += rows
+
+    def truncate(self, rows: int) -> None:
+        """Drop rows >= `rows`, all of them from the last append (a verify's rejected drafts)."""
+        drop = self.rows - rows
+        if drop <= 0:
+            return
+        last = self._parts[-1]
+        kept = last["indices"].shape[1] - drop
+        assert kept >= 0, "only rows of the last append are ever dropped"
+        self._parts[-1] = {key: t[:, :kept] for key, t in last.items()}
+        self.rows = rows
 
     def clear(self) -> None:
         self._parts, self.rows = [], 0

@@ -46,6 +46,12 @@ def make_runner(
     """The runner for `engine_cfg` (weights from `state`, else the model's own init)."""
     if engine_cfg.tp == 1:
         return LocalRunner(
-            cfg, state, engine_cfg.device, engine_cfg.kv_pages(), engine_cfg.kv_page_tokens
+            cfg,
+            state,
+            engine_cfg.device,
+            engine_cfg.kv_pages(),
+            engine_cfg.kv_page_tokens,
+            engine_cfg.speculative_tokens,
+            engine_cfg.sample_vocab,
         )
     return TP_BACKENDS[engine_cfg.tp_backend](cfg, state, engine_cfg.tp, engine_cfg.kv_pages())
