@@ -36,7 +36,9 @@ class DraftState:
 
     def fork(self) -> DraftState:
         """A copy sharing tensors (caches are never written in place)."""
-        return DraftState([copy.copy(c) for c in self.caches], list(self.committed), list(self.inputs))
+        return DraftState(
+            [copy.copy(c) for c in self.caches], list(self.committed), list(self.inputs)
+        )
 
 
 @dataclass

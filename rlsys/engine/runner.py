@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from rlsys.config.model import ModelConfig
-from rlsys.kernels.dispatch import use_triton
 from rlsys.engine.mtp_drafter import Drafter
+from rlsys.kernels.dispatch import use_triton
 from rlsys.model import ModelCache, RoutedExperts, RoutingRecorder, Transformer
 from rlsys.model.cache_rollback import rollback
 from rlsys.model.paged_cache import PagedSeqCache, PagePool
