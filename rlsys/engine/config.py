@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlsys.config.model import ModelConfig
+
 
 class EngineConfig(BaseModel):
     """Limits and layout of one engine replica."""
@@ -73,6 +75,20 @@ class EngineConfig(BaseModel):
                 "drafts is implemented for the reference KV caches only"
             )
         return self
+
+    def check_model(self, model_cfg: ModelConfig) -> None:
+        """The model-dependent limits of `speculative_tokens` (raises ValueError)."""
+        k = self.speculative_tokens
+        if k > model_cfg.mtp_depth:
+            raise ValueError(
+                f"engine.speculative_tokens: {k} drafts need {k} MTP heads; "
+                f"model.mtp_depth is {model_cfg.mtp_depth}"
+            )
+        if k and k + 1 > min(model_cfg.sparse_block, model_cfg.swa_tile):
+            raise ValueError(
+                f"engine.speculative_tokens: a verify chunk of {k + 1} rows must fit one Sparse "
+                f"GQA block ({model_cfg.sparse_block}) and one SWA tile ({model_cfg.swa_tile})"
+            )
 
     def kv_pages(self) -> int:
         """Pages of the paged KV cache (per attention kind)."""

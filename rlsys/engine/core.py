@@ -81,7 +81,7 @@ class EngineCore:
         self.steps = self.generated_tokens = self.forward_rows = 0
         self.draft_tokens = self.accepted_draft_tokens = 0
         self._busy_s = 0.0
-        check_speculative(model_cfg, engine_cfg)
+        engine_cfg.check_model(model_cfg)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -340,21 +340,4 @@ class EngineCore:
             prefix_cache_entries=len(self.prefix),
             draft_tokens=self.draft_tokens,
             accepted_draft_tokens=self.accepted_draft_tokens,
-        )
-
-
-def check_speculative(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> None:
-    """The model-dependent limits of `engine.speculative_tokens` (see EngineConfig)."""
-    k = engine_cfg.speculative_tokens
-    if not k:
-        return
-    if k > model_cfg.mtp_depth:
-        raise ValueError(
-            f"engine.speculative_tokens: {k} drafts need {k} MTP heads; "
-            f"model.mtp_depth is {model_cfg.mtp_depth}"
-        )
-    if k + 1 > min(model_cfg.sparse_block, model_cfg.swa_tile):
-        raise ValueError(
-            f"engine.speculative_tokens: a verify chunk of {k + 1} rows must fit one Sparse GQA "
-            f"block ({model_cfg.sparse_block}) and one SWA tile ({model_cfg.swa_tile})"
         )

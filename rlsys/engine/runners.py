@@ -44,6 +44,7 @@ def make_runner(
     cfg: ModelConfig, engine_cfg: EngineConfig, state: Mapping[str, Tensor] | None
 ) -> ModelRunner:
     """The runner for `engine_cfg` (weights from `state`, else the model's own init)."""
+    engine_cfg.check_model(cfg)
     if engine_cfg.tp == 1:
         return LocalRunner(
             cfg,
