@@ -74,6 +74,22 @@ class EngineSection(_Section):
     weight_sync_timeout_s: float = Field(
         60.0, gt=0, description="Bound on one weight publication before a replica is dropped."
     )
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="MTP speculative decoding: drafts per verify step (0 = off); at most the "
+        "model's max_speculative_tokens; CPU replicas with tp 1 only. Tokens are unchanged.",
+    )
+
+    @model_validator(mode="after")
+    def _speculative_on_cpu(self) -> EngineSection:
+        if self.speculative_tokens and (self.tp != 1 or self.num_gpus > 0):
+            raise ValueError(
+                "engine.speculative_tokens > 0 needs tp 1 and num_gpus 0 (the rollback of "
+                "rejected drafts is implemented for the reference KV caches only)"
+            )
+        return self
 
 
 SamplingSection = SamplingConfig  # the one sampling configuration (rlsys.config.sampling)
@@ -238,6 +254,12 @@ class JobConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:
+        spec = self.engine.speculative_tokens
+        if spec and spec > (limit := self.model.resolve().max_speculative_tokens):
+            raise ValueError(
+                f"engine.speculative_tokens ({self.engine.speculative_tokens}) must be <= "
+                f"{limit} for this model (MTP depth, Sparse GQA block and SWA tile)"
+            )
         if self.trainer.groups_per_step > self.rollout.groups_in_flight:
             raise ValueError(
                 "trainer.groups_per_step must be <= rollout.groups_in_flight "

@@ -77,17 +77,13 @@ class EngineConfig(BaseModel):
         return self
 
     def check_model(self, model_cfg: ModelConfig) -> None:
-        """The model-dependent limits of `speculative_tokens` (raises ValueError)."""
-        k = self.speculative_tokens
-        if k > model_cfg.mtp_depth:
+        """The model-dependent limit of `speculative_tokens` (raises ValueError)."""
+        limit = model_cfg.max_speculative_tokens
+        if self.speculative_tokens > limit:
             raise ValueError(
-                f"engine.speculative_tokens: {k} drafts need {k} MTP heads; "
-                f"model.mtp_depth is {model_cfg.mtp_depth}"
-            )
-        if k and k + 1 > min(model_cfg.sparse_block, model_cfg.swa_tile):
-            raise ValueError(
-                f"engine.speculative_tokens: a verify chunk of {k + 1} rows must fit one Sparse "
-                f"GQA block ({model_cfg.sparse_block}) and one SWA tile ({model_cfg.swa_tile})"
+                f"engine.speculative_tokens: {self.speculative_tokens} > {limit}, the most this "
+                f"model allows (mtp_depth {model_cfg.mtp_depth}; k + 1 rows must fit one Sparse "
+                f"GQA block ({model_cfg.sparse_block}) and one SWA tile ({model_cfg.swa_tile}))"
             )
 
     def kv_pages(self) -> int:
@@ -106,6 +102,7 @@ class EngineConfig(BaseModel):
             candidate_cap=engine_section.candidate_cap,
             prefix_cache_tokens=engine_section.prefix_cache_tokens,
             tp=engine_section.tp,
+            speculative_tokens=engine_section.speculative_tokens,
             seed=seed,
             # A replica Ray gave a GPU runs its model there (Ray sets CUDA_VISIBLE_DEVICES);
             # with tp > 1, one NCCL rank per GPU it was given.

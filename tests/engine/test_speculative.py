@@ -10,6 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from rlsys.config.job import JobConfig
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import GenerationResult
 from rlsys.engine.config import EngineConfig
@@ -150,3 +151,5 @@ def test_speculative_tokens_are_validated() -> None:
     cfg, model = tiny()
     with pytest.raises(ValueError, match="engine.speculative_tokens"):
         make_core(cfg, model, speculative_tokens=2)  # tiny has one MTP head
+    with pytest.raises(ValidationError, match="speculative_tokens"):
+        JobConfig.model_validate({"engine": {"speculative_tokens": 2}})  # small: one head
