@@ -29,23 +29,30 @@ def _cycles(gen: torch.Generator, b: int, t: int, period: int = 7) -> torch.Tens
     return base + (start + torch.arange(t)) % period
 
 
-@pytest.fixture(scope="module")
-def trained() -> tuple[ModelConfig, Transformer]:
+def _train(cfg: ModelConfig) -> Transformer:
+    """A few seconds of training of the model and its MTP heads on cyclic sequences."""
     torch.set_num_threads(1)
-    cfg, model = tiny()
-    model.train()
+    torch.manual_seed(0)
+    model = Transformer(cfg).train()
     opt = torch.optim.Adam(model.parameters(), lr=3e-2)
     gen = torch.Generator().manual_seed(0)
     for _ in range(40):
         x = _cycles(gen, 4, 28)
         out = model(x[:, :-1])
         loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), x[:, 1:].flatten())
-        mtp = out.mtp_logits[0][:, :-1].flatten(0, 1)
-        loss = loss + torch.nn.functional.cross_entropy(mtp, x[:, 2:].flatten())
+        for depth, logits in enumerate(out.mtp_logits, start=1):
+            head = logits[:, : x.shape[1] - 1 - depth].flatten(0, 1)
+            loss = loss + torch.nn.functional.cross_entropy(head, x[:, 1 + depth :].flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return cfg, model.eval()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[ModelConfig, Transformer]:
+    cfg, _ = tiny()
+    return cfg, _train(cfg)
 
 
 def _requests() -> list:  # type: ignore[type-arg]
@@ -88,6 +95,23 @@ def test_speculative_decoding_is_bitwise_plain_decoding(trained) -> None:  # typ
     assert torch.equal(
         torch.tensor(res.logprobs), trainer_log_probs(model, reqs[0].prompt_ids, res)
     )
+
+
+def test_two_drafts_per_step_are_bitwise_plain_decoding() -> None:
+    """Two MTP heads: the second drafts from the first's draft (its speculative rows)."""
+    cfg = tiny()[0].with_overrides({"mtp_depth": 2, "sparse_block": 4, "swa_tile": 4})
+    model = _train(cfg)
+    reqs = _requests()
+    plain = run_all(make_core(cfg, model, max_running=3), reqs)
+    core = make_core(cfg, model, max_running=3, speculative_tokens=2)
+    spec = run_all(core, reqs)
+    for req in reqs:
+        _assert_same(plain[req.request_id], spec[req.request_id])
+    stats = core.stats()
+    # more than one accepted draft per verify on average: second drafts are accepted too
+    verifies = stats.draft_tokens / 2
+    assert stats.accepted_draft_tokens > 1.2 * verifies
+    assert stats.accepted_draft_tokens < stats.draft_tokens
 
 
 def test_weight_update_mid_generation_matches_plain_decoding(trained) -> None:  # type: ignore[no-untyped-def]
