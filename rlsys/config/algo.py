@@ -24,7 +24,7 @@ class CriticConfig(BaseModel):
         "is used; until then the group-relative baseline is.",
     )
     pretrain_steps: int = Field(
-        100,
+        200,
         ge=0,
         description="Value-regression steps the job runs on the warm-start demonstrations "
         "(their returns) before the first RL step, after the warm start (0 = off). Each "
