@@ -115,12 +115,18 @@ def run_job(
             [w.ready.remote() for w in workers.values()]
             + [r.ready.remote() for r in replicas.values()]
         )
-        if not resume and cfg.trainer.warm_start.steps:
-            on_event(
-                f"warm start: {cfg.trainer.warm_start.steps} supervised steps on demonstrations"
-            )
-            warm = ray.get(trainer.warm_start.remote())
-            on_event(f"warm start done: {warm}")
+        critic = cfg.algo.critic
+        pretrain_critic = critic.enabled and critic.pretrain_steps > 0
+        if not resume and (cfg.trainer.warm_start.steps or pretrain_critic):
+            if cfg.trainer.warm_start.steps:
+                on_event(
+                    f"warm start: {cfg.trainer.warm_start.steps} supervised steps on demonstrations"
+                )
+                warm = ray.get(trainer.warm_start.remote())
+                on_event(f"warm start done: {warm}")
+            if pretrain_critic:
+                on_event(f"critic pre-training: {critic.pretrain_steps} value-regression steps")
+                on_event(f"critic pre-training done: {ray.get(trainer.pretrain_critic.remote())}")
             # Step 0 checkpointed: a trainer replaced before step 1 restarts warm.
             ray.get(trainer.checkpoint.remote(str(checkpoint), {}))
         start = trainer_position(ray.get(trainer.position.remote()))

@@ -5,8 +5,8 @@ names the rollout ids of a step; `TrajectoryInbox` reads, holds and acknowledges
 leave either as a CPU
 state dict (`weights()`, put in the object store once, read by every replica) or by a
 collective broadcast (`sync_*`, see `rlsys.actors.weight_publish`); checkpoints are
-written atomically by the core `Trainer`. The warm start draws demonstrations from the
-task itself. An actor Ray gave a GPU trains there.
+written atomically by the core `Trainer`. The warm start and the critic's pre-training
+draw demonstrations from the task itself. An actor Ray gave a GPU trains there.
 """
 
 from __future__ import annotations
@@ -61,26 +61,34 @@ class TrainerActor:
             "redelivered": self.redelivered,
         }
 
-    def warm_start(self) -> dict[str, Any]:
-        from functools import partial
+    def _demonstrations(self) -> list[Any]:
+        """The task's demonstrations (deterministic from the seed), made once."""
+        if getattr(self, "_demos", None) is None:
+            from functools import partial
 
-        from rlsys.actors.job_sections import scaffold_config
-        from rlsys.rollout.demos import make_demonstrations
-        from rlsys.rollout.tasks.registry import build_task, parse_task_config
-        from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
+            from rlsys.actors.job_sections import scaffold_config
+            from rlsys.rollout.demos import make_demonstrations
+            from rlsys.rollout.tasks.registry import build_task, parse_task_config
+            from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
+
+            ws = self.cfg.trainer.warm_start
+            self._task = build_task(parse_task_config(self.cfg.rollout.task))
+            sandbox = partial(open_sandbox, parse_sandbox_config(self.cfg.rollout.sandbox))
+            self._demos = make_demonstrations(
+                self._task,
+                self.cfg.seed + 7919,
+                ws.demonstrations,
+                sandbox,
+                scaffold_config(self.cfg),
+                slip_rate=ws.slip_rate,
+            )
+        return self._demos
+
+    def warm_start(self) -> dict[str, Any]:
         from rlsys.trainer.warm_start import supervised_warm_start
 
         ws = self.cfg.trainer.warm_start
-        task = build_task(parse_task_config(self.cfg.rollout.task))
-        sandbox = partial(open_sandbox, parse_sandbox_config(self.cfg.rollout.sandbox))
-        demos = make_demonstrations(
-            task,
-            self.cfg.seed + 7919,
-            ws.demonstrations,
-            sandbox,
-            scaffold_config(self.cfg),
-            slip_rate=ws.slip_rate,
-        )
+        demos = self._demonstrations()
         losses = supervised_warm_start(
             self.model,
             demos,
@@ -90,12 +98,18 @@ class TrainerActor:
             options=self.trainer.logprob_options,
             grad_clip=self.cfg.trainer.grad_clip,
             seed=self.cfg.seed,
-            content_ids=task.content_token_ids,
+            content_ids=self._task.content_token_ids,
             content_weight=ws.content_weight,
             lr_schedule=ws.lr_schedule,
             mtp_weight=self.cfg.trainer.mtp_weight,
         )
         return {"demonstrations": len(demos), "nll_first": losses[0], "nll_last": losses[-1]}
+
+    def pretrain_critic(self) -> dict[str, Any] | None:
+        """`algo.critic.pretrain_steps` value-regression steps on the demonstrations."""
+        from rlsys.trainer.critic_pretrain import pretrain_critic_on_demonstrations
+
+        return pretrain_critic_on_demonstrations(self.trainer, self._demonstrations())
 
     def step(self, rollout_ids: list[str], timeout_s: float) -> dict[str, Any]:
         """Train on the trajectories of `rollout_ids`, read from the stream."""

@@ -23,6 +23,13 @@ class CriticConfig(BaseModel):
         description="Critic updates (pre-training steps and trainer steps) before its baseline "
         "is used; until then the group-relative baseline is.",
     )
+    pretrain_steps: int = Field(
+        200,
+        ge=0,
+        description="Value-regression steps the job runs on the warm-start demonstrations "
+        "(their returns) before the first RL step, after the warm start (0 = off). Each "
+        "counts toward warmup_updates.",
+    )
 
 
 class AlgoConfig(BaseModel):

@@ -85,6 +85,22 @@ class EngineSection(_Section):
         "trainer.replay_experts indices_and_gates), bf16, or none (indices replay recomputes "
         "them from the current router).",
     )
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="MTP speculative decoding: drafts per verify step (0 = off); at most the "
+        "model's max_speculative_tokens; CPU replicas with tp 1 only. Tokens are unchanged.",
+    )
+
+    @model_validator(mode="after")
+    def _speculative_on_cpu(self) -> EngineSection:
+        if self.speculative_tokens and (self.tp != 1 or self.num_gpus > 0):
+            raise ValueError(
+                "engine.speculative_tokens > 0 needs tp 1 and num_gpus 0 (the rollback of "
+                "rejected drafts is implemented for the reference KV caches only)"
+            )
+        return self
 
 
 SamplingSection = SamplingConfig  # the one sampling configuration (rlsys.config.sampling)
@@ -271,6 +287,12 @@ class JobConfig(_Section):
             raise ValueError(
                 "trainer.replay_selections needs engine.record_selections: the trainer can "
                 "only replay the selections the engine recorded"
+            )
+        spec = self.engine.speculative_tokens
+        if spec and spec > (limit := self.model.resolve().max_speculative_tokens):
+            raise ValueError(
+                f"engine.speculative_tokens ({self.engine.speculative_tokens}) must be <= "
+                f"{limit} for this model (MTP depth, Sparse GQA block and SWA tile)"
             )
         if self.trainer.groups_per_step > self.rollout.groups_in_flight:
             raise ValueError(

@@ -94,6 +94,13 @@ class ModelConfig(BaseModel):
         return ["sparse" if (i + 1) % period == 0 else "swa" for i in range(self.n_layers)]
 
     @property
+    def max_speculative_tokens(self) -> int:
+        """Most drafts one engine verify step can take: one MTP head per draft, and the
+        verify chunk (drafts + 1 rows) within one Sparse GQA block and one SWA tile, so a
+        rollback crosses at most one block boundary (`rlsys.model.cache_rollback`)."""
+        return min(self.mtp_depth, min(self.sparse_block, self.swa_tile) - 1)
+
+    @property
     def swa_blocks_per_tile(self) -> int:
         """Key blocks a SWA query tile reads: the window's blocks plus its own."""
         return math.ceil(max(self.swa_window - 1, 0) / self.swa_tile) + 1

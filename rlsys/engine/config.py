@@ -1,8 +1,9 @@
 """Configuration of one inference engine (one replica), importable without torch.
 
 Invariant: nothing here changes a token's numerics. Batch limits, the prefill budget per
-step, the prefix-cache capacity and the TP degree decide only *when* and *where* a token is
-computed; the batch-invariant kernels make its log-probs independent of all of them.
+step, the prefix-cache capacity, the TP degree and speculative decoding decide only *when*
+and *where* a token is computed; the batch-invariant kernels make its log-probs independent
+of all of them (a draft is kept only when the seeded sampler draws it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlsys.config.model import ModelConfig
 
 
 class EngineConfig(BaseModel):
@@ -79,6 +82,35 @@ class EngineConfig(BaseModel):
             raise ValueError("record_selections needs tp=1 and device=cpu (the reference path)")
         return self
 
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="MTP speculative decoding: tokens the MTP heads draft per step, verified "
+        "in one forward (0 = off). At most the model's mtp_depth, and the verify chunk "
+        "(k + 1 rows) fits one Sparse GQA block and one SWA tile. Reference caches only "
+        "(tp=1, device cpu).",
+    )
+
+    @model_validator(mode="after")
+    def _speculative_needs_reference_caches(self) -> EngineConfig:
+        if self.speculative_tokens and (self.tp != 1 or self.device != "cpu"):
+            raise ValueError(
+                "speculative_tokens > 0 needs tp=1 and device='cpu': rolling back rejected "
+                "drafts is implemented for the reference KV caches only"
+            )
+        return self
+
+    def check_model(self, model_cfg: ModelConfig) -> None:
+        """The model-dependent limit of `speculative_tokens` (raises ValueError)."""
+        limit = model_cfg.max_speculative_tokens
+        if self.speculative_tokens > limit:
+            raise ValueError(
+                f"engine.speculative_tokens: {self.speculative_tokens} > {limit}, the most this "
+                f"model allows (mtp_depth {model_cfg.mtp_depth}; k + 1 rows must fit one Sparse "
+                f"GQA block ({model_cfg.sparse_block}) and one SWA tile ({model_cfg.swa_tile}))"
+            )
+
     def kv_pages(self) -> int:
         """Pages of the paged KV cache (per attention kind)."""
         tokens = self.kv_cache_tokens or (
@@ -96,6 +128,7 @@ class EngineConfig(BaseModel):
             candidate_cap=engine_section.candidate_cap,
             prefix_cache_tokens=engine_section.prefix_cache_tokens,
             tp=engine_section.tp,
+            speculative_tokens=engine_section.speculative_tokens,
             seed=seed,
             # A replica Ray gave a GPU runs its model there (Ray sets CUDA_VISIBLE_DEVICES);
             # with tp > 1, one NCCL rank per GPU it was given.

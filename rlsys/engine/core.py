@@ -14,6 +14,13 @@ Invariants:
   sample; prefix-cache entries of the old version are dropped.
 - A failed request (bad input, or a runner error while it was in flight) finishes with
   `finish_reason="error"` and a message; the core keeps serving the others.
+- Speculative decoding (`speculative_tokens` = k > 0): after sampling, the MTP heads draft
+  k tokens; the next step feeds the sampled token plus the drafts as one chunk (a verify),
+  and the sampler walks its rows in order with the request's own generator, one draw per
+  emitted token as in plain decoding. A draft is accepted only when the draw equals it; the
+  first draw that differs (or the draw after the last draft) is emitted and the rest is
+  rolled back (KV rows, routes, drafter inputs). So tokens, log-probs, candidate sets,
+  routes and versions are bitwise those of plain decoding; only the step count changes.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
 from rlsys.engine.route_log import RouteLog
-from rlsys.engine.runner import ModelRunner
-from rlsys.engine.sampler import RowParams, request_seed, sample_batch
+from rlsys.engine.runner import DraftingRunner, ModelRunner
+from rlsys.engine.sampler import RowParams, SampledToken, request_seed, sample_batch
 from rlsys.engine.sequence import Sequence
 from rlsys.engine.validation import request_error
 from rlsys.tokenizer import ByteTokenizer
@@ -51,6 +58,8 @@ class EngineStats:
     prefix_cache_hit_tokens: int
     prefix_cache_hit_rate: float
     prefix_cache_entries: int
+    draft_tokens: int
+    accepted_draft_tokens: int
 
 
 class EngineCore:
@@ -70,7 +79,9 @@ class EngineCore:
         self.running: list[Sequence] = []
         self.prefix = PrefixCache(engine_cfg.prefix_cache_tokens, runner.free_cache)
         self.steps = self.generated_tokens = self.forward_rows = 0
+        self.draft_tokens = self.accepted_draft_tokens = 0
         self._busy_s = 0.0
+        engine_cfg.check_model(model_cfg)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -119,6 +130,7 @@ class EngineCore:
             self.runner.free_cache(seq.cache_key)
             seq.cache_key = self.runner.new_cache()
             seq.num_cached, seq.ready_logits = 0, None
+            seq.drafts = []
             seq.routes.clear()
 
     def has_work(self) -> bool:
@@ -173,8 +185,12 @@ class EngineCore:
             if budget <= 0:
                 break
             n = min(seq.num_pending, budget)
-            batch.append((seq, seq.tokens[seq.num_cached : seq.num_cached + n]))
-            budget -= n
+            chunk = seq.tokens[seq.num_cached : seq.num_cached + n]
+            if seq.drafts and seq.num_pending == 1:  # a verify: the token plus its drafts
+                seq.fed_drafts, seq.drafts = seq.drafts[: budget - 1], []
+                chunk = chunk + seq.fed_drafts
+            batch.append((seq, chunk))
+            budget -= len(chunk)
         if not batch:
             return
         out = self.runner.step([s.cache_key for s, _ in batch], [c for _, c in batch])
@@ -183,39 +199,82 @@ class EngineCore:
             if out.routes is not None:
                 seq.routes.append(out.routes.select(slice(row, row + len(chunk))))
             row += len(chunk)
-            seq.num_cached += len(chunk)
-            if seq.num_pending == 0:
+            seq.spec_rows = len(seq.fed_drafts)
+            seq.num_cached += len(chunk) - seq.spec_rows
+            if seq.spec_rows:
+                assert out.row_logits is not None, "speculative decoding runs on LocalRunner"
+                seq.verify_logits = out.row_logits[i]
+                seq.ready_logits = seq.verify_logits[0]
+            elif seq.num_pending == 0:
                 seq.ready_logits = out.last_logits[i]
         self.forward_rows += row
 
     def _sample_ready(self) -> list[GenerationResult]:
-        """Sample every sequence whose rows are all fed, in one batch (one host copy)."""
+        """Sample every sequence whose rows are all fed, in batches (one host copy each).
+
+        Round j samples row j of each verify (row 0 of the others); a sequence goes on to
+        round j + 1 only while its draws equal its drafts (see module doc)."""
         ready = [s for s in self.running if s.ready_logits is not None]
         if not ready:
             return []
-        raw = [s.ready_logits for s in ready]
-        for seq, logits in zip(ready, raw, strict=True):
+        active, current = ready, [s.ready_logits for s in ready]
+        for seq in ready:
             seq.ready_logits = None
             if seq.num_generated == 0:
-                self._remember_prompt(seq, logits)  # type: ignore[arg-type]
-        rows = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s in ready]
-        sampled = sample_batch(torch.stack(raw), rows, self.cfg.sample_vocab)  # type: ignore[arg-type]
-        finished = []
-        for seq, tok, logits in zip(ready, sampled, raw, strict=True):
-            res = seq.result
-            res.token_ids.append(tok.token_id)
-            res.logprobs.append(tok.logprob)
-            res.versions.append(self.version)
-            res.candidate_ids.append(tok.candidates)
-            res.candidate_capped.append(tok.capped)
-            res.routed_experts.append(seq.routes.row(len(seq.tokens) - 1))
-            seq.tokens.append(tok.token_id)
-            self.generated_tokens += 1
-            reason = seq.stop_reason(self.cfg.max_context_tokens)
-            if reason is not None:
-                self.running.remove(seq)
-                finished.append(self._finish(seq, reason, logits))  # type: ignore[arg-type]
+                self._remember_prompt(seq, current[ready.index(seq)])  # type: ignore[arg-type]
+        finished, j = [], 0
+        while active:
+            rows = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s in active]
+            sampled = sample_batch(torch.stack(current), rows, self.cfg.sample_vocab)  # type: ignore[arg-type]
+            next_active, next_logits = [], []
+            for seq, tok, logits in zip(active, sampled, current, strict=True):
+                self._emit(seq, tok)
+                reason = seq.stop_reason(self.cfg.max_context_tokens)
+                if reason is None and j < seq.spec_rows and tok.token_id == seq.fed_drafts[j]:
+                    self.accepted_draft_tokens += 1
+                    seq.num_cached += 1  # the draft's row now holds a sampled token
+                    next_active.append(seq)
+                    next_logits.append(seq.verify_logits[j + 1])  # type: ignore[index]
+                    continue
+                self._settle(seq, j)
+                if reason is not None:
+                    self.running.remove(seq)
+                    finished.append(self._finish(seq, reason, logits))  # type: ignore[arg-type]
+            active, current, j = next_active, next_logits, j + 1
+        if self.cfg.speculative_tokens:
+            self._draft([s for s in ready if s.cache_key is not None])
         return finished
+
+    def _emit(self, seq: Sequence, tok: SampledToken) -> None:
+        res = seq.result
+        res.token_ids.append(tok.token_id)
+        res.logprobs.append(tok.logprob)
+        res.versions.append(self.version)
+        res.candidate_ids.append(tok.candidates)
+        res.candidate_capped.append(tok.capped)
+        res.routed_experts.append(seq.routes.row(len(seq.tokens) - 1))
+        seq.tokens.append(tok.token_id)
+        self.generated_tokens += 1
+
+    def _settle(self, seq: Sequence, accepted: int) -> None:
+        """End a verify: roll back the rows of the drafts after the `accepted` first ones."""
+        if seq.spec_rows > accepted:
+            runner: DraftingRunner = self.runner  # type: ignore[assignment]
+            runner.truncate_cache(seq.cache_key, seq.num_cached)  # type: ignore[arg-type]
+            seq.routes.truncate(seq.num_cached)
+        self.draft_tokens += seq.spec_rows
+        seq.fed_drafts, seq.spec_rows, seq.verify_logits = [], 0, None
+
+    def _draft(self, seqs: list[Sequence]) -> None:
+        """Draft the next tokens of sequences that just sampled (see mtp_drafter)."""
+        runner: DraftingRunner = self.runner  # type: ignore[assignment]
+        drafts = runner.draft([s.cache_key for s in seqs], [s.tokens for s in seqs])  # type: ignore[misc]
+        for seq, guess in zip(seqs, drafts, strict=True):
+            room = min(
+                seq.request.sampling.max_tokens - seq.num_generated,
+                self.cfg.max_context_tokens - len(seq.tokens),
+            )
+            seq.drafts = guess[: max(room - 1, 0)]
 
     # ---- prefix cache ------------------------------------------------------------------
 
@@ -279,4 +338,6 @@ class EngineCore:
             prefix_cache_hit_tokens=self.prefix.hit_tokens,
             prefix_cache_hit_rate=self.prefix.hit_rate,
             prefix_cache_entries=len(self.prefix),
+            draft_tokens=self.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens,
         )

@@ -18,8 +18,8 @@ from rlsys.model.routing import cat_blocks
 
 
 class RouteLog:
-    """Append-only (until `clear`) compact routes: ids uint8/int16, gates in `gate_dtype`
-    (fp32; bf16; "none": no gates, for indices-only replay)."""
+    """Append-only (until `clear`, or a `truncate` of the last append) compact routes: ids
+    uint8/int16, gates in `gate_dtype` (fp32; bf16; "none": no gates, for indices-only replay)."""
 
     def __init__(self, n_experts: int, gate_dtype: str = "float32") -> None:
         self.n_experts, self.gate_dtype = n_experts, gate_dtype
@@ -35,6 +35,17 @@ class RouteLog:
         if rows:
             self._parts.append(other.slice(0, rows))
             self.rows += rows
+
+    def truncate(self, rows: int) -> None:
+        """Drop rows >= `rows`, all of them from the last append (a verify's rejected drafts)."""
+        drop = self.rows - rows
+        if drop <= 0:
+            return
+        last = self._parts[-1]
+        kept = last["indices"].shape[1] - drop
+        assert kept >= 0, "only rows of the last append are ever dropped"
+        self._parts[-1] = {key: t[:, :kept] for key, t in last.items()}
+        self.rows = rows
 
     def clear(self) -> None:
         self._parts, self.rows = [], 0

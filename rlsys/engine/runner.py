@@ -11,6 +11,9 @@ Invariants:
   caches are never written in place (appends build new tensors, trims take views), so a
   shallow copy shares storage safely; paged caches (the Triton path, on CUDA) share full
   pages by reference count and copy only the partial last page (`PagePool.fork`).
+- Speculative decoding (`LocalRunner(speculative_tokens=k)`, reference caches only): `step`
+  keeps a snapshot of each stepped cache, so `truncate_cache` can roll back the rows of
+  rejected drafts (`rlsys.model.cache_rollback`); the drafter gets every fed row's hidden.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from torch import Tensor
 
 from rlsys.config.model import ModelConfig
 from rlsys.engine.decode_graphs import DecodeGraphs
+from rlsys.engine.mtp_drafter import Drafter
 from rlsys.kernels.dispatch import use_triton
 from rlsys.model import ModelCache, RoutedExperts, RoutingRecorder, Transformer
+from rlsys.model.cache_rollback import rollback
 from rlsys.model.paged_cache import PagedSeqCache, PagePool
 
 
@@ -35,6 +40,7 @@ from rlsys.model.paged_cache import PagedSeqCache, PagePool
 class StepOutput:
     last_logits: Tensor  # (n_chunks, V) fp32, on the model's device (see sampler.py)
     routes: RoutedExperts | None  # routes of all packed rows, chunk after chunk
+    row_logits: list[Tensor] | None = None  # per chunk (n_i, V): every row (LocalRunner)
 
 
 class ModelRunner(Protocol):
@@ -44,6 +50,13 @@ class ModelRunner(Protocol):
     def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput: ...
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None: ...
     def close(self) -> None: ...
+
+
+class DraftingRunner(ModelRunner, Protocol):
+    """A runner that drafts with the MTP heads and rolls back rejected rows."""
+
+    def draft(self, keys: list[int], tokens: list[list[int]]) -> list[list[int]]: ...
+    def truncate_cache(self, key: int, length: int) -> None: ...
 
 
 def snapshot(cache: ModelCache) -> ModelCache:
@@ -84,13 +97,20 @@ class CacheTable:
     def forward(
         self, keys: list[int], chunks: list[list[int]], record: bool
     ) -> tuple[list[Tensor], RoutedExperts | None]:
+        logits, _, routes = self.forward_hidden(keys, chunks, record)
+        return logits, routes
+
+    def forward_hidden(
+        self, keys: list[int], chunks: list[list[int]], record: bool
+    ) -> tuple[list[Tensor], list[Tensor], RoutedExperts | None]:
+        """`forward`, plus each chunk's final hidden rows."""
         tensors = [torch.tensor(c, dtype=torch.long, device=self.device) for c in chunks]
         recorder = RoutingRecorder(blocks=self.record_selections) if record else None
         with torch.inference_mode():
-            logits = self.model.forward_step(
+            logits, hidden = self.model.forward_step_hidden(
                 tensors, [self.caches[k] for k in keys], routing=recorder
             )
-        return logits, recorder.routes() if recorder is not None else None
+        return logits, hidden, recorder.routes() if recorder is not None else None
 
 
 class LocalRunner:
@@ -104,6 +124,8 @@ class LocalRunner:
         kv_pages: int = 0,
         page_tokens: int = 64,
         record_selections: bool = False,
+        speculative_tokens: int = 0,
+        sample_vocab: int | None = None,
     ) -> None:
         self.device = torch.device(device)
         model = Transformer(cfg).eval()
@@ -112,6 +134,10 @@ class LocalRunner:
         self.model = model.to(self.device)
         attach_pool(self.model, self.device, kv_pages, page_tokens)
         self.table = CacheTable(self.model, self.device, record_selections)
+        self.drafter = (
+            Drafter(self.model, speculative_tokens, sample_vocab) if speculative_tokens else None
+        )
+        self._before: dict[int, ModelCache] = {}  # snapshots of the last step (spec only)
         self.graphs: DecodeGraphs | None = None
 
     def enable_decode_graphs(self, max_batch: int, max_context: int) -> None:
@@ -119,29 +145,58 @@ class LocalRunner:
         same fixed-shape step runs eagerly, as the tests use it). Needs the paged cache."""
         if self.model.page_pool is None:
             raise ValueError("decode graphs need the paged KV cache (kv_pages > 0, Triton path)")
+        if self.drafter is not None:
+            raise ValueError("decode graphs and speculative decoding exclude each other")
         capture = self.device.type == "cuda"
         self.graphs = DecodeGraphs(self.model, max_batch, max_context, capture)
 
     def new_cache(self) -> int:
-        return self.table.new()
+        key = self.table.new()
+        if self.drafter is not None:
+            self.drafter.new(key, self.device)
+        return key
 
     def fork_cache(self, key: int) -> int:
-        return self.table.fork(key)
+        new = self.table.fork(key)
+        if self.drafter is not None:
+            self.drafter.fork(key, new)
+        return new
 
     def free_cache(self, key: int) -> None:
         self.table.free(key)
+        self._before.pop(key, None)
+        if self.drafter is not None:
+            self.drafter.free(key)
 
     def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
         if self.graphs is not None and all(len(c) == 1 for c in chunks):
             caches = [self.table.caches[k] for k in keys]
             if self.graphs.fits(caches):  # type: ignore[arg-type]
                 last, graph_routes = self.graphs.run([c[0] for c in chunks], caches)  # type: ignore[arg-type]
-                return StepOutput(last, routes_to_cpu(graph_routes))
-        logits, routes = self.table.forward(keys, chunks, record=True)
+                rows = [last[i : i + 1] for i in range(last.shape[0])]
+                return StepOutput(last, routes_to_cpu(graph_routes), rows)
+        if self.drafter is not None:
+            self._before = {k: snapshot(self.table.caches[k]) for k in keys}  # type: ignore[arg-type]
+        logits, hidden, routes = self.table.forward_hidden(keys, chunks, record=True)
+        if self.drafter is not None:
+            for key, h in zip(keys, hidden, strict=True):
+                self.drafter.feed(key, self._before[key].length, h)
         # Left on the model's device: the recorded log-prob is computed there, where the
         # trainer recomputes it (exp/log differ in the last bit between CPU and GPU).
         last = torch.stack([rows[-1] for rows in logits]).float()
-        return StepOutput(last, routes_to_cpu(routes))
+        return StepOutput(last, routes_to_cpu(routes), [rows.float() for rows in logits])
+
+    def draft(self, keys: list[int], tokens: list[list[int]]) -> list[list[int]]:
+        assert self.drafter is not None, "built with speculative_tokens > 0"
+        return self.drafter.draft(keys, tokens)
+
+    def truncate_cache(self, key: int, length: int) -> None:
+        """Keep the first `length` rows of a cache stepped last (drop rejected drafts)."""
+        assert self.drafter is not None, "built with speculative_tokens > 0"
+        cache = self.table.caches[key]
+        assert isinstance(cache, ModelCache), "rollback needs the reference caches"
+        self.table.caches[key] = rollback(self._before[key], cache, length, self.model.cfg)
+        self.drafter.truncate(key, length)
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         self.model.load_state_dict(state)

@@ -44,6 +44,7 @@ def make_runner(
     cfg: ModelConfig, engine_cfg: EngineConfig, state: Mapping[str, Tensor] | None
 ) -> ModelRunner:
     """The runner for `engine_cfg` (weights from `state`, else the model's own init)."""
+    engine_cfg.check_model(cfg)
     if engine_cfg.tp == 1:
         runner = LocalRunner(
             cfg,
@@ -52,6 +53,8 @@ def make_runner(
             engine_cfg.kv_pages(),
             engine_cfg.kv_page_tokens,
             engine_cfg.record_selections,
+            engine_cfg.speculative_tokens,
+            engine_cfg.sample_vocab,
         )
         if engine_cfg.cuda_graphs and runner.device.type == "cuda":
             runner.enable_decode_graphs(engine_cfg.max_running, engine_cfg.max_context_tokens)

@@ -5,6 +5,10 @@ Invariants:
 - The rows still to feed are tokens[num_cached:]; when none are left, `ready_logits` holds
   the logits of the last row and the next step samples from them.
 - `routes` holds the routed experts of input rows [0, num_cached) (see route_log).
+- Speculative decoding: `drafts` are the MTP heads' guesses of the tokens after tokens[-1].
+  A verify step feeds tokens[-1] + drafts; until the step's sampling settles, the cache and
+  `routes` also cover `spec_rows` draft rows beyond num_cached, whose logits are in
+  `verify_logits` (row j predicts the token after draft j).
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class Sequence:
     cache_key: int | None = None
     num_cached: int = 0
     ready_logits: Tensor | None = None
+    drafts: list[int] = field(default_factory=list)
+    fed_drafts: list[int] = field(default_factory=list)
+    spec_rows: int = 0
+    verify_logits: Tensor | None = None
     result: GenerationResult = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,8 +1,11 @@
-"""Multi-token prediction heads (full-sequence forward; speculative decoding comes later).
+"""Multi-token prediction heads: full-sequence forward (training) and cached steps (drafts).
 
 Head d (1-based) combines the previous depth's hidden state at t with the embedding of
 token t + d, runs one SWA block with a dense FFN, and predicts token t + 1 + d through the
 shared LM head. Rows whose token t + d lies beyond the sequence carry no target.
+`step` runs the same block over the next rows of one or more sequences with their own SWA
+caches (the engine's drafter, `rlsys.engine.mtp_drafter`); by the kernels' chunking
+invariance its rows equal the full forward's.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from rlsys import kernels
 from rlsys.config.model import ModelConfig
 from rlsys.model.attention import SeqSpan, init_weight
 from rlsys.model.block import Block
+from rlsys.model.cache import SlidingKVCache
 from rlsys.model.norm import ZeroCenteredRMSNorm
 
 
@@ -31,8 +35,19 @@ class MTPHead(nn.Module):
         self, h_prev: Tensor, next_embed: Tensor, positions: Tensor, spans: list[SeqSpan]
     ) -> tuple[Tensor, Tensor]:
         """Returns (hidden fp32 (N, d), normed hidden in compute dtype for the LM head)."""
+        caches = [self.block.attn.new_cache(self.dtype, h_prev.device) for _ in spans]
+        return self.step(h_prev, next_embed, positions, spans, caches)
+
+    def step(
+        self,
+        h_prev: Tensor,
+        next_embed: Tensor,
+        positions: Tensor,
+        spans: list[SeqSpan],
+        caches: list[SlidingKVCache],
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` over rows that continue each span's cache (updated in place)."""
         joint = torch.cat([self.norm_hidden(h_prev), self.norm_embed(next_embed)], dim=-1)
         h = kernels.linear(joint.to(self.dtype), self.proj).float()
-        caches = [self.block.attn.new_cache(self.dtype, h.device) for _ in spans]
         h = self.block(h, positions, spans, caches)
         return h, self.final_norm(h).to(self.dtype)

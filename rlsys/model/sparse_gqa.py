@@ -64,7 +64,13 @@ class SparseGQA(nn.Module):
         cfg = self.cfg
         kv = torch.zeros(0, cfg.n_kv_groups, cfg.head_dim, dtype=dtype, device=device)
         idx = torch.zeros(0, cfg.index_dim, dtype=torch.float32, device=device)
-        return SparseKVCache(k=kv, v=kv.clone(), block_keys=idx, pending_index_keys=idx.clone())
+        return SparseKVCache(
+            k=kv,
+            v=kv.clone(),
+            block_keys=idx,
+            pending_index_keys=idx.clone(),
+            last_block_index_keys=idx.clone(),
+        )
 
     def forward(
         self,
@@ -113,7 +119,7 @@ class SparseGQA(nn.Module):
         outs, chosen = [], []
         for s, cache in zip(spans, caches, strict=True):
             rows = slice(s.row, s.row + s.n)
-            self._append(cache, k[rows], v[rows], ki[rows])
+            cache.append(k[rows], v[rows], ki[rows], cfg.sparse_block)
             replay = (forced[rows], replay_rows[rows]) if forced is not None else None  # type: ignore[index]
             out, ids = self._attend(q[rows], qi[rows], s.pos, cache, aux, replay, record)
             outs.append(out)
@@ -122,19 +128,6 @@ class SparseGQA(nn.Module):
             assert isinstance(routing, RoutingRecorder)
             routing.add_blocks(self.kind_index, cat_blocks(chosen, dim=0))
         return self.proj.gated_output(x, torch.cat(outs, dim=0))
-
-    def _append(self, cache: SparseKVCache, k: Tensor, v: Tensor, ki: Tensor) -> None:
-        b = self.cfg.sparse_block
-        cache.k = torch.cat([cache.k, k], dim=0)
-        cache.v = torch.cat([cache.v, v], dim=0)
-        pending = torch.cat([cache.pending_index_keys, ki], dim=0)
-        n_full = pending.shape[0] // b
-        if n_full:
-            full = pending[: n_full * b].view(n_full, b, -1)
-            # In-order fold so a block key is the same whether merged in prefill or decode.
-            merged = kernels.sequential_sum(full, dim=1) / b
-            cache.block_keys = torch.cat([cache.block_keys, merged], dim=0)
-        cache.pending_index_keys = pending[n_full * b :]
 
     def _attend(
         self,

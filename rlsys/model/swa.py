@@ -83,7 +83,7 @@ class GatedSlidingWindowAttention(nn.Module):
                     self._attend_tiles, q[lo - pos0 : hi - pos0], kbuf[keys], vbuf[keys], lo, ja
                 )
             )
-        cache.trim_before(((pos0 + n) // tile - n_back) * tile)
+        cache.trim_before(keep_from(cfg, pos0 + n))
         return torch.cat(outs, dim=0)
 
     def _attend_tiles(
@@ -120,6 +120,11 @@ class GatedSlidingWindowAttention(nn.Module):
         qp, kp = qpos[:, :, None, None], kpos[:, None, :, :]
         present = (qp >= lo) & (qp < lo + m)
         return (kp <= qp) & (kp > qp - cfg.swa_window) & (kp >= 0) & present
+
+
+def keep_from(cfg: ModelConfig, length: int) -> int:
+    """The first position a cache of `length` tokens keeps: the next query's key blocks."""
+    return (length // cfg.swa_tile - (cfg.swa_blocks_per_tile - 1)) * cfg.swa_tile
 
 
 def _window(store: Tensor, start: int, base: int, end: int) -> Tensor:

@@ -99,6 +99,17 @@ class Transformer(nn.Module):
         Positions continue from `cache.length`; caches are updated in place. A recorder
         gets the routes of the packed rows (chunk after chunk); a replay must match them.
         """
+        return self.forward_step_hidden(chunks, caches, routing, aux)[0]
+
+    def forward_step_hidden(
+        self,
+        chunks: list[Tensor],
+        caches: list[ModelCache] | list[PagedSeqCache],
+        routing: Routing | None = None,
+        aux: AuxLosses | None = None,
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """`forward_step`, plus per chunk the fp32 final hidden rows (n_i, d) (the MTP
+        heads' input when the engine drafts)."""
         assert all(chunk.numel() > 0 for chunk in chunks), "every chunk needs a token"
         spans, row = [], 0
         for chunk, cache in zip(chunks, caches, strict=True):
@@ -118,7 +129,8 @@ class Transformer(nn.Module):
             if isinstance(cache, PagedSeqCache):
                 self.page_pool.trim_window(cache)  # type: ignore[union-attr]
         logits = self.logits(h)
-        return [logits[s.row : s.row + s.n] for s in spans]
+        rows = [slice(s.row, s.row + s.n) for s in spans]
+        return [logits[r] for r in rows], [h[r] for r in rows]
 
     def forward_decode(
         self, tokens: Tensor, positions: Tensor, kv: TritonKV, routing: Routing | None = None
