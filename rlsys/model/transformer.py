@@ -196,6 +196,10 @@ class Transformer(nn.Module):
 
     # ---- training bookkeeping --------------------------------------------------------------
 
+    def engine_state_dict(self) -> dict[str, Tensor]:
+        """The weights as an engine replica loads them (our engine: the state dict itself)."""
+        return self.state_dict()
+
     def update_balance(self) -> None:
         """Call after each optimiser step: MoE selection-bias update from the step's load."""
         for module in self.modules():
