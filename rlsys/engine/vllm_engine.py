@@ -2,7 +2,7 @@
 
 A Hugging Face causal LM from a local directory runs in vLLM's `LLMEngine` (V1, in this
 process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so new weights reach the model by a direct
-`load_weights`), with `skip_tokenizer_init=True` (token ids in and out; the task's own
+`reload_weights`), with `skip_tokenizer_init=True` (token ids in and out; the task's own
 tokenizer owns the text), prefix caching on and continuous batching. One scheduler
 thread owns the `LLMEngine`; `generate` may be called from many threads. Commands (add,
 weight update) run between two `step()`s, never during one.
@@ -55,6 +55,28 @@ class _Pending:
         )
 
 
+def _prepack_cpu_moe(model: Any) -> int:
+    """Re-run the CPU MoE experts' weight prepacking after a reload; returns the layers.
+
+    vLLM 0.32's reload copies new expert weights into the fused-MoE parameters in their
+    loaded layout, but prepacks them for the CPU grouped GEMM only on the first load, so
+    the kernel then reads unpacked weights as packed ones (measured: reloading *identical*
+    weights moved a tiny Qwen3-MoE's log-probs by up to 0.57). Prepacking again restores
+    them (0.0 difference). A no-op for dense models and for non-CPU kernels without this
+    hook (`process_weights_after_loading` of the experts' kernel)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    layers = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None:
+            kernel.fused_experts.process_weights_after_loading(module)
+            layers += 1
+    return layers
+
+
 def kv_cache_bytes(model_path: str, engine_cfg: EngineConfig) -> int:
     """vLLM's KV budget: `kv_cache_tokens` (else max_running x max_context_tokens +
     prefix_cache_tokens) tokens of fp32 K and V in every layer of the model."""
@@ -92,6 +114,7 @@ class VllmEngine:
                 logprobs_mode="processed_logprobs",
                 dtype="float32",
                 seed=engine_cfg.seed,
+                block_size=engine_cfg.kv_page_tokens,  # vLLM's CPU default, 128, rarely hits
                 enforce_eager=True,  # no torch.compile: start-up in seconds, not minutes
                 kv_cache_memory_bytes=kv_cache_bytes(model_path, engine_cfg),
             )
@@ -119,7 +142,12 @@ class VllmEngine:
         tensors = dict(state)
 
         def load() -> None:
-            self.llm.apply_model(lambda model: model.load_weights(tensors.items()))
+            # vLLM's in-place reload: loads checkpoint-format tensors and re-runs each layer's
+            # post-load processing (the CPU build repacks linear weights after loading)
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(tensors.items())}
+            )
+            self.llm.apply_model(_prepack_cpu_moe)
             self.llm.reset_prefix_cache(reset_running_requests=True)
             self.version = version
 
@@ -137,6 +165,12 @@ class VllmEngine:
         self._thread.join()
         for pending in list(self._pending.values()):
             self._finish(pending, "abort")
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        # vLLM's in-process engine keeps process-wide parallel state: release it, so the
+        # process can host a later engine (one VllmEngine per process at a time)
+        self.llm.engine_core.shutdown()
+        cleanup_dist_env_and_memory()
 
     # ---- scheduler thread --------------------------------------------------------------
 
