@@ -32,35 +32,37 @@ _COMMON: dict[str, Any] = {
 }
 
 
-def _qwen3() -> Any:
+def _qwen3(**overrides: Any) -> Any:
     from transformers import Qwen3Config
 
-    return Qwen3Config(intermediate_size=384, **_COMMON)
+    return Qwen3Config(**{"intermediate_size": 384, **_COMMON, **overrides})
 
 
-def _qwen3_moe() -> Any:
+def _qwen3_moe(**overrides: Any) -> Any:
     from transformers import Qwen3MoeConfig
 
-    return Qwen3MoeConfig(
-        intermediate_size=384,
-        moe_intermediate_size=128,
-        num_experts=8,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        norm_topk_prob=True,
-        **_COMMON,
-    )
+    moe = {
+        "intermediate_size": 384,
+        "moe_intermediate_size": 128,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": True,
+    }
+    return Qwen3MoeConfig(**{**moe, **_COMMON, **overrides})
 
 
-TINY_MODELS: dict[str, Callable[[], Any]] = {"qwen3": _qwen3, "qwen3_moe": _qwen3_moe}
+TINY_MODELS: dict[str, Callable[..., Any]] = {"qwen3": _qwen3, "qwen3_moe": _qwen3_moe}
 
 
-def build_tiny(path: str | Path, kind: str = "qwen3", seed: int = 0) -> Path:
-    """Write a random tiny `kind` model to `path` (fp32 safetensors); returns the path."""
+def build_tiny(path: str | Path, kind: str = "qwen3", seed: int = 0, **overrides: Any) -> Path:
+    """Write a random tiny `kind` model to `path` (fp32 safetensors); returns the path.
+    `overrides` set config fields (e.g. `num_hidden_layers=8`)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(TINY_MODELS[kind](), dtype=torch.float32)
+    config = TINY_MODELS[kind](**overrides)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(str(path))
     return Path(path)
 
@@ -70,8 +72,9 @@ def main() -> None:
     parser.add_argument("path")
     parser.add_argument("--kind", choices=sorted(TINY_MODELS), default="qwen3")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
-    print(build_tiny(args.path, args.kind, args.seed))
+    print(build_tiny(args.path, args.kind, args.seed, num_hidden_layers=args.layers))
 
 
 if __name__ == "__main__":
