@@ -12,7 +12,8 @@ All sessions are submitted at once from threads through each backend's thread-sa
 - vllm dense: `VllmEngine` on a Qwen3-style model of 8 layers, width 128, FFN 384 (the
   width the `small` MoE runs per token), ~1.7M parameters: comparable active size;
 - vllm MoE: a Qwen3-MoE-style model of 8 layers, 8 experts of 128, top-2.
-vLLM runs eager (no torch.compile), fp32, prefix cache on (prompts are distinct).
+vLLM runs eager (no torch.compile), `--dtype` (fp32 default; the trainer is always fp32),
+prefix cache on (prompts are distinct).
 
 Mismatch: on each vLLM model, the trainer (`HFPolicy` + `Trainer.log_probs`, candidate-set
 replay on, the weights vLLM serves) recomputes the log-prob of every sampled token;
@@ -96,7 +97,7 @@ def vllm_rows(kind: str, args: argparse.Namespace, root: Path) -> tuple[float, d
     model_dir = build_tiny(root / kind, kind, num_hidden_layers=8)
     cfg = EngineConfig(max_running=args.sessions, max_context_tokens=args.prompt + args.gen + 8,
                        candidate_cap=VOCAB_SIZE, prefix_cache_tokens=4096)  # fmt: skip
-    engine = VllmEngine(str(model_dir), cfg)
+    engine = VllmEngine(str(model_dir), cfg, dtype=args.dtype)
     try:
         rate = best_rate(engine, args)
         batch = prompts(args)
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="vLLM's dtype (the trainer: fp32)")
+    parser.add_argument("--skip-native", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -137,10 +140,11 @@ def main() -> None:
         for kind in ("qwen3", "qwen3_moe"):
             rate, m, params = vllm_rows(kind, args, Path(tmp))
             rows.append((f"vllm {kind} (8 layers, {params / 1e6:.2f}M)", rate, m))
-    rate, active = native_rate(args)
-    rows.append((f"native small (4.19M, {active / 1e6:.2f}M active)", rate, None))
+    if not args.skip_native:
+        rate, active = native_rate(args)
+        rows.append((f"native small (4.19M, {active / 1e6:.2f}M active)", rate, None))
     print(f"{args.sessions} sessions x {args.prompt}-token prompt, {args.gen} tokens each, "
-          f"top-p {args.top_p}, all in flight, torch threads {args.threads}")  # fmt: skip
+          f"top-p {args.top_p}, all in flight, torch threads {args.threads}, vLLM {args.dtype}")  # fmt: skip
     print("| engine | tokens/s | tokens | mean abs d | max abs d | K3 KL | capped |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, rate, m in rows:

@@ -93,7 +93,9 @@ def kv_cache_bytes(model_path: str, engine_cfg: EngineConfig) -> int:
 class VllmEngine:
     """Continuous batching by vLLM (see module doc)."""
 
-    def __init__(self, model_path: str, engine_cfg: EngineConfig, version: int = 0) -> None:
+    def __init__(
+        self, model_path: str, engine_cfg: EngineConfig, version: int = 0, dtype: str = "float32"
+    ) -> None:
         # In-process engine core: weights are loaded by a direct call on the worker. Must be
         # set before vLLM reads its environment (on first use, in this constructor).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -112,7 +114,7 @@ class VllmEngine:
                 ),
                 max_logprobs=engine_cfg.candidate_cap,
                 logprobs_mode="processed_logprobs",
-                dtype="float32",
+                dtype=dtype,  # the job runs fp32 (the trainer's dtype); benchmarks try bf16
                 seed=engine_cfg.seed,
                 block_size=engine_cfg.kv_page_tokens,  # vLLM's CPU default, 128, rarely hits
                 enforce_eager=True,  # no torch.compile: start-up in seconds, not minutes

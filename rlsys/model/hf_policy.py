@@ -13,8 +13,9 @@ Invariants:
   transformers 5 fuses a MoE's experts in memory and splits them again on save);
 - `hidden_packed` returns the trunk's output *after* its final norm (Hugging Face models
   apply it inside the trunk), so `head_logits` is the LM head alone;
-- no routed-expert replay (R3) yet: a MoE model routes with its own router in the
-  trainer (`routing` must be None; vLLM on CPU records no routes to replay).
+- routed-expert replay (R3) goes through a hook on each MoE router (`hf_routing.py`); the
+  routes must come from elsewhere: vLLM on CPU records none, so there a MoE model is
+  routed by the trainer's own router.
 
 `transformers` is imported lazily: the default install does not need it.
 """
@@ -29,7 +30,8 @@ from torch import Tensor, nn
 
 from rlsys.model.attention import SeqSpan
 from rlsys.model.aux import AuxLosses
-from rlsys.model.routing import Routing
+from rlsys.model.hf_routing import replay_routes
+from rlsys.model.routing import Routing, RoutingReplay
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,18 @@ class HFPolicy(nn.Module):
     ) -> Tensor:
         """Packed varlen forward (each span from position 0) -> fp32 hidden rows (N, d).
 
-        One trunk call per span: exact causal attention within each sequence, no padding."""
-        assert routing is None, "routed-expert replay is not implemented for HF models"
+        One trunk call per span: exact causal attention within each sequence, no padding.
+        `routing`: a `RoutingReplay` of the packed rows (R3, `hf_routing.py`), or None."""
+        assert routing is None or isinstance(routing, RoutingReplay), "replay only"
         rows = []
-        for s in spans:
-            assert s.pos == 0, "a packed training sequence starts at 0"
-            ids = tokens[s.row : s.row + s.n].unsqueeze(0)
-            positions = torch.arange(s.n, device=tokens.device).unsqueeze(0)
-            out = self.model(input_ids=ids, position_ids=positions, use_cache=False)
-            rows.append(out.last_hidden_state[0])
+        with replay_routes(self.model, routing) as span:
+            for s in spans:
+                assert s.pos == 0, "a packed training sequence starts at 0"
+                span.row, span.n = s.row, s.n
+                ids = tokens[s.row : s.row + s.n].unsqueeze(0)
+                positions = torch.arange(s.n, device=tokens.device).unsqueeze(0)
+                out = self.model(input_ids=ids, position_ids=positions, use_cache=False)
+                rows.append(out.last_hidden_state[0])
         return torch.cat(rows).float()
 
     def head_logits(self, h: Tensor) -> Tensor:
