@@ -38,6 +38,7 @@ from torch import Tensor
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineStats
+from rlsys.engine.validation import request_error
 from rlsys.engine.vllm_records import token_record
 from rlsys.tokenizer import ByteTokenizer
 
@@ -77,10 +78,14 @@ def _prepack_cpu_moe(model: Any) -> int:
     return layers
 
 
+def _hf_config(model_path: str) -> dict[str, Any]:
+    return json.loads((Path(model_path) / "config.json").read_text())
+
+
 def kv_cache_bytes(model_path: str, engine_cfg: EngineConfig) -> int:
     """vLLM's KV budget: `kv_cache_tokens` (else max_running x max_context_tokens +
     prefix_cache_tokens) tokens of fp32 K and V in every layer of the model."""
-    hf = json.loads((Path(model_path) / "config.json").read_text())
+    hf = _hf_config(model_path)
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads") or hf["num_attention_heads"]
     per_token = hf["num_hidden_layers"] * 2 * kv_heads * head_dim * 4
@@ -122,6 +127,7 @@ class VllmEngine:
             )
         )
         self.tokenizer = ByteTokenizer()
+        self.vocab_size = int(_hf_config(model_path)["vocab_size"])
         self._pending: dict[str, _Pending] = {}
         self._commands: list[Callable[[], None]] = []
         self._wake = threading.Condition()
@@ -181,11 +187,12 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         s, room = request.sampling, self.cfg.max_context_tokens - len(request.prompt_ids)
-        if request.request_id in self._pending or room < 1 or not request.prompt_ids:
-            why = "already in flight" if request.request_id in self._pending else "no room"
-            future.set_result(
-                GenerationResult(request.request_id, finish_reason="error", error=why)
-            )
+        error = request_error(request, self.vocab_size, self.cfg.max_context_tokens)
+        if error is None and request.request_id in self._pending:
+            error = f"request_id {request.request_id!r} is already in flight"
+        if error is not None:
+            future.set_result(GenerationResult(request.request_id, finish_reason="error",
+                                               error=error))  # fmt: skip
             return
         params = SamplingParams(
             temperature=s.temperature,
@@ -199,10 +206,15 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         stops = [self.tokenizer.encode(text) for text in s.stop_strings]
-        self._pending[request.request_id] = _Pending(request, future, stops)
-        self.llm.add_request(
-            request.request_id, {"prompt_token_ids": list(request.prompt_ids)}, params
-        )
+        pending = _Pending(request, future, stops)
+        self._pending[request.request_id] = pending
+        try:
+            self.llm.add_request(
+                request.request_id, {"prompt_token_ids": list(request.prompt_ids)}, params
+            )
+        except Exception as err:  # vLLM refused it: this request fails, the engine serves on
+            pending.result.error = f"vllm refused the request: {err!r}"
+            self._finish(pending, "error")
 
     def _absorb(self, out: Any) -> None:
         pending = self._pending.get(out.request_id)

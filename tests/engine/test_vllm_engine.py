@@ -58,6 +58,14 @@ def test_tokens_come_back_with_log_probs_versions_and_exact_top_p_sets(engine):
     assert again.prefix_cache_hit_tokens == 64 and again.token_ids == r.token_ids[:4]
 
 
+def test_a_bad_request_fails_alone_and_the_engine_serves_on(engine):
+    bad = engine.generate(_request("bad-0", [1, VOCAB + 5], max_tokens=4))
+    empty = engine.generate(_request("bad-1", [], max_tokens=4))
+    assert bad.finish_reason == "error" and f"not a token id in [0, {VOCAB})" in bad.error
+    assert empty.finish_reason == "error" and "empty" in empty.error
+    assert engine.generate(_request("ok-0", [1, 2], max_tokens=3)).token_ids
+
+
 def test_a_stop_string_ends_the_turn_on_its_last_token(engine):
     from rlsys.tokenizer import ByteTokenizer
 
