@@ -10,9 +10,11 @@ weight update) run between two `step()`s, never during one.
 Per generated token the result holds what the native engine's does: the id, its
 log-prob (vLLM's processed log-prob: after temperature and top-p), the policy version of
 the weights that produced it, and the top-p candidate set from `logprobs=candidate_cap`
-(exact when the nucleus fits, else flagged `capped`: `vllm_records.py`). No routed experts:
-vLLM returns them only on GPUs today, so `routed_experts` stays None and the trainer routes
-with its own router (no R3 on this backend yet).
+(exact when the nucleus fits, else flagged `capped`: `vllm_records.py`). Only ids below
+`sample_vocab` are sampled (the tokenizer's; a model's vocabulary may be padded larger). No
+routed experts: vLLM returns them only on GPUs today, so `routed_experts` stays None and the
+trainer routes with its own router (its R3 hook, `rlsys.model.hf_routing`, has nothing to
+replay from this backend yet).
 
 Invariants: every accepted `generate` returns exactly one result; a weight update never
 aborts an in-flight request: vLLM preempts it (`reset_prefix_cache(reset_running_requests=
@@ -128,6 +130,10 @@ class VllmEngine:
         )
         self.tokenizer = ByteTokenizer()
         self.vocab_size = int(_hf_config(model_path)["vocab_size"])
+        # sample only the tokenizer's ids (`sample_vocab`), as the native engine and the
+        # trainer's `valid_vocab`: vLLM masks the rest before temperature and top-p
+        limit = engine_cfg.sample_vocab
+        self.allowed = list(range(limit)) if limit and limit < self.vocab_size else None
         self._pending: dict[str, _Pending] = {}
         self._commands: list[Callable[[], None]] = []
         self._wake = threading.Condition()
@@ -203,6 +209,7 @@ class VllmEngine:
             seed=s.seed,
             logprobs=min(s.candidate_cap, self.cfg.candidate_cap),
             detokenize=False,
+            allowed_token_ids=self.allowed,
             output_kind=RequestOutputKind.DELTA,
         )
         stops = [self.tokenizer.encode(text) for text in s.stop_strings]
