@@ -9,7 +9,7 @@ chunked LM head and checkpoints run unchanged on a Hugging Face model.
 Invariants:
 - parameter names are the Hugging Face module's (`model.*`, `lm_head.weight`), so a
   checkpoint is the module's state dict; `engine_state_dict` is the same weights in the
-  *serialised* layout (what `save_pretrained` writes and vLLM's `load_weights` takes:
+  *serialised* layout (what `save_pretrained` writes and vLLM's `reload_weights` takes:
   transformers 5 fuses a MoE's experts in memory and splits them again on save);
 - `hidden_packed` returns the trunk's output *after* its final norm (Hugging Face models
   apply it inside the trunk), so `head_logits` is the LM head alone;
