@@ -1,6 +1,6 @@
 """`rlsys run configs/vllm-tiny.yaml`: the arithmetic task on a tiny Hugging Face model
-served by vLLM (CPU build), trained through the Hugging Face policy model, under Ray with
-the ledger. Skipped, saying why, where vLLM is not installed (CI's default venv); it runs
+(Qwen3 dense, and Qwen3-MoE) served by vLLM (CPU build), trained through the Hugging Face
+policy model, under Ray with the ledger; every step's weights go back into vLLM. Skipped, saying why, where vLLM is not installed (CI's default venv); it runs
 for real where the rlsys[vllm] extra is (README, "vLLM backend")."""
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     )
 
 
-def test_vllm_tiny_job_completes_with_nothing_lost_and_reports_mismatch(hf_model_dirs, tmp_path):
-    sets = ["--set", f"model.path={hf_model_dirs['qwen3']}", "--set", f"store.run_root={tmp_path}"]
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_vllm_tiny_job_completes_with_nothing_lost_and_reports_mismatch(
+    hf_model_dirs, tmp_path, kind
+):
+    sets = ["--set", f"model.path={hf_model_dirs[kind]}", "--set", f"store.run_root={tmp_path}"]
     run = _cli("run", str(CONFIG), *sets)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     db = ["--db", f"sqlite:///{tmp_path / 'ledger.db'}"]
