@@ -1,4 +1,4 @@
-"""An engine replica: the native `InferenceEngine` as a Ray actor.
+"""An engine replica: one engine backend (`engine.backend`: native or vllm) as a Ray actor.
 
 Threaded actor (`max_concurrency` set by the caller): many rollout workers call `generate`
 at once and the engine batches them continuously. Weights arrive as version v+1 without
@@ -22,16 +22,14 @@ class EngineReplica:
         import torch
 
         from rlsys.config.job import JobConfig
-        from rlsys.engine.config import EngineConfig
-        from rlsys.engine.engine import InferenceEngine
+        from rlsys.engine.backends import build_engine, engine_config
         from rlsys.engine.sync_group import GroupMember
-        from rlsys.tokenizer import VOCAB_SIZE
 
         torch.set_num_threads(1)  # replicas share few cores with workers and the trainer
         cfg = JobConfig.model_validate(job_config)
         self.replica_id = replica_id
-        engine_cfg = EngineConfig.from_job(cfg.engine, cfg.seed, sample_vocab=VOCAB_SIZE)
-        self.engine = InferenceEngine(cfg.model.resolve(), engine_cfg)
+        engine_cfg = engine_config(cfg)
+        self.engine = build_engine(cfg)
         # where a broadcast lands: the replica's GPU (TP over NCCL: rank 0's, from which the
         # ranks copy their shards over P2P); TP over CPU processes or threads: the host
         gpu_tp = engine_cfg.tp_backend == "nccl"

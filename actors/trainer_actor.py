@@ -26,14 +26,14 @@ class TrainerActor:
         from rlsys.config.job import JobConfig
         from rlsys.engine.sync_group import GroupMember
         from rlsys.ledger.stream import open_stream
-        from rlsys.model import Transformer
+        from rlsys.model.policy import build_policy
         from rlsys.tokenizer import VOCAB_SIZE
         from rlsys.trainer.trainer import Trainer
 
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
         self.cfg = JobConfig.model_validate(job_config)
         torch.manual_seed(self.cfg.seed)
-        self.model = Transformer(self.cfg.model.resolve())
+        self.model = build_policy(self.cfg.model)  # model.kind: native or hf
         if self.cfg.trainer.num_gpus > 0:  # Ray set CUDA_VISIBLE_DEVICES to this actor's GPU
             self.model = self.model.to("cuda")
         self.trainer = Trainer(
@@ -132,7 +132,8 @@ class TrainerActor:
 
     def weights(self) -> dict[str, Any]:
         # Always CPU copies: the object store then needs no CUDA on the reader's side.
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        state = self.model.engine_state_dict()  # the names and layout the engine loads
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     # ---- collective weight transport (engine.weight_transport: collective) --------------------
 

@@ -37,6 +37,9 @@ OWNERS = {
     "docker": ("sandboxes/docker",),
     "wandb": ("rlsys/tracking/",),
     "mlflow": ("rlsys/tracking/",),
+    # optional (rlsys[vllm]): imported lazily, by the vLLM backend and the HF policy model
+    "vllm": ("rlsys/engine/vllm_engine.py",),
+    "transformers": ("rlsys/model/hf_",),
 }
 
 # The project's own packages (`rlsys.X`, whatever folder holds it) -> the packages it may
@@ -57,7 +60,7 @@ ALLOWED_EDGES: dict[str, set[str]] = {
                       "rlsys.trajectory"},
     "rlsys.engine": {"rlsys.config", "rlsys.kernels", "rlsys.model", "rlsys.tokenizer"},
     "rlsys.algo": {"rlsys.config", "rlsys.trajectory"},
-    "rlsys.model": {"rlsys.config", "rlsys.kernels"},
+    "rlsys.model": {"rlsys.config", "rlsys.kernels", "rlsys.tokenizer"},
     "rlsys.kernels": set(),
     "rlsys.ledger": {"rlsys.config", "rlsys.types"},
     "rlsys.tracking": {"rlsys.config"},
@@ -72,10 +75,10 @@ FORBIDDEN_AT_IMPORT = {
     "rlsys.types": {"torch", "ray", "sqlalchemy", "redis"},
     "rlsys.config": {"torch", "ray", "sqlalchemy", "redis"},
     "rlsys.cli.main": {"torch", "ray", "sqlalchemy", "redis", "pydantic"},
-    "rlsys.model": {"ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.model": {"ray", "sqlalchemy", "redis", "docker", "vllm", "transformers"},
     "rlsys.kernels": {"ray", "sqlalchemy", "redis", "docker"},
-    "rlsys.engine": {"ray", "sqlalchemy", "redis", "docker"},
-    "rlsys.trainer": {"ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.engine": {"ray", "sqlalchemy", "redis", "docker", "vllm", "transformers"},
+    "rlsys.trainer": {"ray", "sqlalchemy", "redis", "docker", "vllm", "transformers"},
     "rlsys.algo": {"ray", "sqlalchemy", "redis", "docker"},
     "rlsys.ledger": {"torch", "ray", "docker"},
     "rlsys.sandboxes": {"torch", "ray", "sqlalchemy", "redis"},

@@ -85,6 +85,12 @@ def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: boo
     """Check that the trainer reproduces the engine's log-probs bitwise at every TP degree."""
     degrees = _degrees(tp_text)
     job = _load_job(config)
+    if job.engine.backend != "native":
+        raise UserError(
+            f"{config}: engine.backend {job.engine.backend!r}: `rlsys align` checks the native "
+            "engine's bitwise alignment; this backend's mismatch is measured in the job "
+            "(`mismatch` in `rlsys monitor`) and by benchmarks/bench_vllm_backend.py"
+        )
     from dataclasses import replace
 
     from rlsys.engine.align import alignment_report

@@ -11,9 +11,10 @@ Invariants:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.locations import default_run_root
@@ -27,10 +28,25 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
+    kind: Literal["native", "hf"] = Field(
+        "native",
+        description="native: our Sparse GQA model from `preset`; hf: a Hugging Face causal LM "
+        "from the local directory `path` (trained through the same policy-model interface; "
+        "served by `engine.backend: vllm`).",
+    )
+    path: str | None = Field(
+        None, description="kind hf: a local Hugging Face model directory (config + weights)."
+    )
     preset: str = Field("small", description=f"Model preset: one of {sorted(PRESETS)}.")
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="ModelConfig fields to override."
     )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        # resolved where the config is loaded: actors may run in another directory
+        return str(Path(path).expanduser().absolute()) if path else path
 
     @model_validator(mode="after")
     def _known_preset(self) -> ModelSection:
@@ -38,6 +54,8 @@ class ModelSection(_Section):
             raise ValueError(
                 f"unknown preset {self.preset!r}; allowed: {', '.join(sorted(PRESETS))}"
             )
+        if self.kind == "hf" and not self.path:
+            raise ValueError("model.path: kind hf needs a local Hugging Face model directory")
         self.resolve()
         return self
 
@@ -46,6 +64,12 @@ class ModelSection(_Section):
 
 
 class EngineSection(_Section):
+    backend: Literal["native", "vllm"] = Field(
+        "native",
+        description="native: our engine (bitwise aligned with the trainer); vllm: vLLM's "
+        "offline engine on a Hugging Face model (model.kind hf; mismatch measured, not "
+        "bitwise; needs the rlsys[vllm] extra).",
+    )
     replicas: int = Field(2, ge=1, le=64, description="Engine replica actors.")
     max_running: int = Field(16, ge=1, le=4096, description="Requests a replica batches at once.")
     max_queue: int = Field(64, ge=0, le=100_000, description="Requests that may wait per replica.")
@@ -326,6 +350,22 @@ class JobConfig(_Section):
                 f"({self.engine.num_gpus}): a GPU replica runs one NCCL rank per GPU, so "
                 "num_gpus must equal tp (or be 0: TP on the CPU)"
             )
+        self._backend_fits_model()
         if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
             raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")
         return self
+
+    def _backend_fits_model(self) -> None:
+        serves = {"native": "native", "vllm": "hf"}  # engine backend -> the model kind it serves
+        if serves[self.engine.backend] != self.model.kind:
+            raise ValueError(
+                f"engine.backend {self.engine.backend!r} serves model.kind "
+                f"{serves[self.engine.backend]!r}, not {self.model.kind!r}"
+            )
+        if self.engine.backend == "vllm" and (
+            self.engine.weight_transport != "object_store" or self.engine.tp != 1
+        ):
+            raise ValueError(
+                "engine.backend vllm: weights move through the object store "
+                "(engine.weight_transport: object_store) and each replica has tp 1"
+            )

@@ -180,6 +180,10 @@ class Transformer(nn.Module):
         assert all(s.pos == 0 for s in spans), "a packed training sequence starts at 0"
         return self._trunk_packed(tokens, spans, routing, aux)
 
+    def set_activation_checkpointing(self, on: bool) -> None:
+        """Recompute each block in the backward (training) instead of storing activations."""
+        self.checkpoint_blocks = on
+
     def head_logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head in the compute dtype: fp32 hidden rows (..., d) -> (..., V)."""
         return kernels.linear(self.final_norm(h).to(self.dtype), self.lm_head)
@@ -235,6 +239,10 @@ class Transformer(nn.Module):
         return torch.cat([torch.arange(s.pos, s.pos + s.n, device=device) for s in spans])
 
     # ---- training bookkeeping --------------------------------------------------------------
+
+    def engine_state_dict(self) -> dict[str, Tensor]:
+        """The weights as an engine replica loads them (our engine: the state dict itself)."""
+        return self.state_dict()
 
     def update_balance(self) -> None:
         """Call after each optimiser step: MoE selection-bias update from the step's load."""

@@ -41,7 +41,8 @@ from rlsys.algo.filters import Filtered, split_stale, split_zero_variance
 from rlsys.algo.objectives import per_token_terms
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
-from rlsys.model import AuxLosses, Transformer
+from rlsys.model import AuxLosses
+from rlsys.model.policy import PolicyModel
 from rlsys.trainer.batch import PackedBatch, micro_batches, pack
 from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlsys.trainer.critic import Critic
@@ -82,7 +83,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: Transformer,
+        model: PolicyModel,
         cfg: TrainerSection,
         algo: AlgoConfig,
         *,
@@ -90,7 +91,7 @@ class Trainer:
         valid_vocab: int | None = None,
     ) -> None:
         self.model, self.cfg, self.algo = model, cfg, algo
-        model.checkpoint_blocks = cfg.activation_checkpointing
+        model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
@@ -98,10 +99,10 @@ class Trainer:
         self.critic = (
             Critic(model.cfg.d_model, algo.critic).to(self.device) if algo.critic.enabled else None
         )
-        self.reference: Transformer | None = None  # snapshot taken at the first RL step
+        self.reference: PolicyModel | None = None  # snapshot taken at the first RL step
         # host copies of recent versions and a scratch model to recompute under them
         self.snapshots = VersionSnapshots(keep=algo.max_staleness)
-        self._scratch: Transformer | None = None
+        self._scratch: PolicyModel | None = None
         self.step = 0
         self.version = 0
         self.stream_position: dict[str, Any] = {}
@@ -246,7 +247,7 @@ class Trainer:
         fresh_P = batch.versions_P.to(out.logp_P.device) == self.version
         sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted, fresh_P)
 
-    def _log_probs(self, model: Transformer, h_Pd: Tensor, batch: PackedBatch) -> PolicyLogProbs:
+    def _log_probs(self, model: PolicyModel, h_Pd: Tensor, batch: PackedBatch) -> PolicyLogProbs:
         return policy_log_probs(
             model,
             h_Pd,
@@ -270,7 +271,7 @@ class Trainer:
         self,
         trajectories: Sequence[Trajectory],
         replay: str | None = None,
-        model: Transformer | None = None,
+        model: PolicyModel | None = None,
         selections: bool | None = None,
     ) -> list[Tensor]:
         """Recomputed log-probs of each trajectory's policy tokens (segment order), no grad.
@@ -389,19 +390,19 @@ class Trainer:
         return dict(self.stream_position)
 
 
-def _frozen_copy(model: Transformer) -> Transformer:
+def _frozen_copy(model: PolicyModel) -> PolicyModel:
     ref = copy.deepcopy(model).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
 
 
-def _clamped(model: Transformer) -> int:
+def _clamped(model: PolicyModel) -> int:
     return sum(clipped for clipped, _ in model.grad_clamp_counts())
 
 
 @contextmanager
-def _eval(model: Transformer) -> Iterator[None]:
+def _eval(model: PolicyModel) -> Iterator[None]:
     was_training = model.training
     model.eval()
     try:

@@ -36,6 +36,12 @@ def test_bad_tp_list_and_bad_config_are_user_errors(tmp_path: Path) -> None:
     assert "engine.max_running" in str(result.exception)
 
 
+def test_align_refuses_the_vllm_backend_it_does_not_check() -> None:
+    result = CliRunner().invoke(align, [str(QUICKSTART.parent / "vllm-tiny.yaml")])
+    assert isinstance(result.exception, UserError)
+    assert "engine.backend 'vllm'" in str(result.exception)
+
+
 def test_align_recomputes_through_the_trainers_configured_path(tmp_path: Path) -> None:
     """The trainer side is the job's trainer: with candidate-set replay turned off it
     normalises over the whole vocabulary, not the engine's candidate set, and align says so

@@ -20,6 +20,13 @@ def test_quickstart_config_is_valid():
     assert cfg.model.resolve().n_layers >= 1 and cfg.rollout.task["type"] == "arithmetic"
 
 
+def test_vllm_tiny_config_is_valid_and_resolves_its_model_directory():
+    cfg = load_job_config(str(QUICKSTART.parent / "vllm-tiny.yaml"))
+    assert cfg.engine.backend == "vllm" and cfg.model.kind == "hf"
+    assert cfg.model.path is not None and Path(cfg.model.path).is_absolute()
+    assert load_job_config(str(QUICKSTART)).engine.backend == "native"  # the default
+
+
 def test_gpu_example_config_is_valid_and_places_models_on_cuda(monkeypatch):
     from rlsys.engine.config import EngineConfig
 
@@ -78,6 +85,13 @@ def test_gpu_job_configs_are_valid(name, tp, gpus, monkeypatch):
         ),
         (("engine.weight_transport=pigeon",), "engine.weight_transport: Input should be"),
         (("trainer.warm_start.slip_rate=1",), "trainer.warm_start.slip_rate: Input should be less"),
+        (("engine.backend=vllm",), "engine.backend 'vllm' serves model.kind 'hf', not 'native'"),
+        (("model.kind=hf",), "model.path: kind hf needs a local Hugging Face model directory"),
+        (("engine.backend=sglang",), "engine.backend: Input should be 'native' or 'vllm'"),
+        (
+            ("model.kind=hf", "model.path=/m", "engine.backend=vllm", "engine.tp=2"),
+            "engine.backend vllm: weights move through the object store",
+        ),
     ],
 )
 def test_invalid_values_name_their_field(sets, message, monkeypatch):
