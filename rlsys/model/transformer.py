@@ -160,7 +160,8 @@ class Transformer(nn.Module):
             h_prev = h
             for depth, head in enumerate(self.mtp, start=1):
                 shifted = torch.nn.functional.pad(tokens[:, depth:], (0, depth)).reshape(-1)
-                h_prev, normed = head(h_prev, self.embed[shifted].float(), positions, spans)
+                emb = torch.nn.functional.embedding(shifted, self.embed).float()
+                h_prev, normed = head(h_prev, emb, positions, spans)
                 mtp_logits = kernels.linear(normed, self.lm_head).float()
                 out.mtp_logits.append(mtp_logits.view(bsz, t, -1))
         return out
@@ -219,7 +220,9 @@ class Transformer(nn.Module):
         routing: Routing | None,
         aux: AuxLosses | None,
     ) -> Tensor:
-        h = self.embed[tokens].float()  # the residual stream is fp32 from here on
+        # F.embedding, not indexing: its backward sums duplicate tokens in one pass (index_put
+        # runs them serially on CUDA); the forward is the same copy
+        h = torch.nn.functional.embedding(tokens, self.embed).float()  # fp32 residual stream
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             if recompute:

@@ -117,26 +117,29 @@ def indexer_kl(
 ) -> Tensor:
     """Sum over sequences of the mean KL(main mass on selected blocks || index softmax over
     them), as the reference (`SparseGQA._indexer_loss`) computes it per sequence."""
-    starts = torch.tensor([0, *[max(c, 1) for c in layout.block_counts[:-1]]]).cumsum(0)
+    sizes = [max(c, 1) for c in layout.block_counts]
+    starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
     total = qi.new_zeros(())
-    for (row, n), start in zip(layout.rows, starts.tolist(), strict=True):
+    for (row, n), start, size in zip(layout.rows, starts.tolist(), sizes, strict=True):
         kl_sum, count = qi.new_zeros(()), qi.new_zeros(())
+        bk_seq = bk[start : start + size]  # this sequence's block keys
         for r0 in range(row, row + n, KL_ROWS):
             r1 = min(r0 + KL_ROWS, row + n)
             s, c = checkpoint(
-                _kl_chunk, qi[r0:r1], bk, sel.ids[r0:r1], mass[r0:r1], start, use_reentrant=False
+                _kl_chunk, qi[r0:r1], bk_seq, sel.ids[r0:r1], mass[r0:r1], use_reentrant=False
             )
             kl_sum, count = kl_sum + s, count + c
         total = total + torch.where(count > 0, kl_sum / count.clamp_min(1), 0.0)
     return total
 
 
-def _kl_chunk(
-    qi: Tensor, bk: Tensor, ids: Tensor, mass: Tensor, start: int
-) -> tuple[Tensor, Tensor]:
+def _kl_chunk(qi: Tensor, bk_seq: Tensor, ids: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
     keep = ids >= 0
-    keys = bk[start + ids.long().clamp_min(0)]  # (r, Hkv, KSEL, IDX)
-    logits = torch.einsum("rgd,rgkd->rgk", qi, keys).masked_fill(~keep, float("-inf"))
+    # Score every block, then pick the selected ones: gathering the keys instead
+    # (r, Hkv, KSEL, IDX) makes a backward that accumulates thousands of duplicate rows
+    # into each block key, which CUDA's index_put runs serially (97% of a GPU train step).
+    scores = torch.einsum("rgd,nd->rgn", qi, bk_seq)  # (r, Hkv, blocks)
+    logits = scores.gather(-1, ids.long().clamp_min(0)).masked_fill(~keep, float("-inf"))
     target = mass.masked_fill(~keep, 0.0)
     total = target.sum(-1, keepdim=True)
     usable = (keep.sum(-1) > 1) & (total.squeeze(-1) > 0)
