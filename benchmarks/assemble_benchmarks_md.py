@@ -16,6 +16,7 @@ ORDER = [
     "engine",
     "mtp_spec",
     "vllm_peer",
+    "vllm_backend",
     "trainer",
     "critic",
     "zero_center",
@@ -27,6 +28,7 @@ ORDER = [
     "gpu",
     "gpu_kernels",
     "gpu_engine",
+    "gpu_graphs",
     "gpu_job",
 ]
 
