@@ -314,4 +314,6 @@ class VllmEngine:
             prefix_cache_hit_tokens=self.hit_tokens,
             prefix_cache_hit_rate=self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0,
             prefix_cache_entries=0,
+            draft_tokens=0,  # vLLM's own speculative decoding is not used
+            accepted_draft_tokens=0,
         )
