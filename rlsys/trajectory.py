@@ -14,6 +14,13 @@ conditioned on carries the route the engine used. A token with neither has no re
 (then the trainer's router decides). With `engine.record_selections` each route also holds
 the row's Sparse GQA block selections ("blocks"), replayed the same way.
 
+One route per row is what the engine used for a row as first computed. A weight update
+between two requests of a segment (or inside one) makes the engine compute earlier rows
+again under the new version; the routes it used then are kept as version tables
+(`version_routes`: rows 0..n-1 under one version), and a forward under version v replays
+the last table of v over the per-row routes (`pack(..., version=v)`), so each token's
+log-prob is reproduced under the routes its own version used.
+
 Invariants: all per-token lists of a segment have the same length as `token_ids`;
 `policy_mask[i]` is True exactly for engine-sampled tokens; a turn's penalty applies only to
 the tokens of that turn (`turn_index[i] == turn`).
@@ -37,6 +44,9 @@ class Segment:
     # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes;
     # "gates" absent with engine.route_gates none, "blocks" (S, n, Hkv, W) with selections
     context_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    # (version, routes of rows 0..n-1 as that version computed them), in request order
+    version_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    last_request_version: int | None = None  # the policy version of the latest request
 
     def append(
         self,
@@ -72,6 +82,31 @@ class Segment:
         block = {key: t[:, start - 1 : rows].clone() for key, t in context_routes.items()}
         self.context_routes.append((start, block))
         return rows - start + 1
+
+    def record_request_routes(
+        self, version: int | None, prompt_routes: Any, superseded: list[tuple[int, Any]]
+    ) -> None:
+        """Keep the version tables a request implies (see module doc): each superseded
+        version's rows, and the request's own prompt rows when its version is not the
+        previous request's (the engine recomputed the earlier rows under it)."""
+        for old, block in superseded:
+            self._add_version_table(old, block)
+        changed = self.last_request_version is not None and version != self.last_request_version
+        if version is not None and prompt_routes is not None and (changed or superseded):
+            self._add_version_table(version, prompt_routes)
+        if version is not None:
+            self.last_request_version = version
+
+    def _add_version_table(self, version: int, block: dict[str, Any]) -> None:
+        rows = min(int(block["indices"].shape[1]), len(self.token_ids) - 1)
+        if rows > 0:
+            self.version_routes.append(
+                (version, {k: t[:, :rows].clone() for k, t in block.items()})
+            )
+
+    def version_table(self, version: int) -> dict[str, Any] | None:
+        """The last table of `version` (rows 0..n-1), if a weight update made one."""
+        return next((b for v, b in reversed(self.version_routes) if v == version), None)
 
     def route_frontier(self) -> int:
         """The first token index (>= 1) after the last token that has a recorded route."""

@@ -65,6 +65,10 @@ class GenerationResult:
     # Routes of the prompt's input rows [0, len(prompt) - 1) (row r = the token at position
     # r fed to the model); with `routed_experts` they cover every row of prompt + tokens[:-1].
     prompt_routed_experts: Any = None
+    # A request a weight update interrupted: (version, routes of rows [0, n) as that version
+    # computed them) per superseded version. The engine recomputed those rows under the new
+    # weights; `prompt_routed_experts` and `routed_experts` then hold the new version's.
+    superseded_routes: list[tuple[int, Any]] = field(default_factory=list)
     finish_reason: FinishReason = "stop"
     error: str | None = None
     prefix_cache_hit_tokens: int = 0

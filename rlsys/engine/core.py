@@ -124,9 +124,13 @@ class EngineCore:
     def update_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Load version `version`; in-flight sequences continue, recomputed under it."""
         self.runner.load_state_dict(state)
-        self.version = version
+        superseded, self.version = self.version, version
         self.prefix.clear()
         for seq in self.running:
+            if seq.routes.rows:  # what the old version computed, for its tokens' replay
+                seq.result.superseded_routes.append(
+                    (superseded, seq.routes.slice(0, seq.routes.rows))
+                )
             self.runner.free_cache(seq.cache_key)
             seq.cache_key = self.runner.new_cache()
             seq.num_cached, seq.ready_logits = 0, None
@@ -317,6 +321,12 @@ class EngineCore:
         rows = min(seq.prompt_len - 1, seq.routes.rows)
         if seq.routes.rows:
             res.prompt_routed_experts = seq.routes.slice(0, rows)
+        if res.superseded_routes and seq.routes.rows:
+            # tokens emitted before the update carry the old version's route of their row;
+            # the engine fed those rows again under the new one, which later tokens saw
+            first = seq.prompt_len - 1
+            for j in range(min(len(res.routed_experts), seq.routes.rows - first)):
+                res.routed_experts[j] = seq.routes.row(first + j)
         return res
 
     def _find(self, request_id: str) -> Sequence | None:

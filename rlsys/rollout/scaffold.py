@@ -246,6 +246,12 @@ class AgentLoop:
             candidates=result.candidate_ids or None,
             routed=routed,
         )
+        # after the append: a superseded table also covers rows of this turn's tokens
+        seg.record_request_routes(
+            result.versions[-1] if result.versions else None,
+            result.prompt_routed_experts,
+            list(result.superseded_routes),
+        )
         self.sink.emit(
             "turn",
             p.turn,

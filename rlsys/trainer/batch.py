@@ -90,12 +90,19 @@ def route_entry(entry: Any) -> tuple[Tensor, Tensor, Tensor | None]:
 
 
 def pack(
-    items: Sequence[tuple[int, Segment, Trajectory]], *, with_routes: bool = True
+    items: Sequence[tuple[int, Segment, Trajectory]],
+    *,
+    with_routes: bool = True,
+    version: int | None = None,
 ) -> PackedBatch:
-    """Pack `(sample index, segment, its trajectory)` items into one `PackedBatch`."""
+    """Pack `(sample index, segment, its trajectory)` items into one `PackedBatch`.
+
+    `version`: the forward runs under that policy version, so a segment's table of the
+    routes that version computed (`Segment.version_table`) overrides its per-row routes."""
     tokens, spans, policy, cands = [], [], [], []
     route_rows: list[tuple[int, Any]] = []
     route_blocks: list[tuple[int, dict[str, Any]]] = []
+    overrides: list[tuple[int, dict[str, Any]]] = []
     row = 0
     for sample, seg, traj in items:
         spans.append((row, len(seg.token_ids)))
@@ -107,6 +114,9 @@ def pack(
                 if i and entry is not None
             ]
             route_blocks += [(row + start - 1, block) for start, block in seg.context_routes]
+            table = seg.version_table(version) if version is not None else None
+            if table is not None:
+                overrides.append((row, table))
         for i, is_policy in enumerate(seg.policy_mask):
             if not is_policy:
                 continue
@@ -124,7 +134,7 @@ def pack(
     for p, c in enumerate(cands):
         if c:
             cand_PC[p, : len(c)] = torch.tensor(c, dtype=torch.int64)
-    routes, routed = _routes(route_rows, route_blocks, row)
+    routes, routed = _routes(route_rows, route_blocks, row, overrides)
     return PackedBatch(
         tokens_N=torch.tensor(tokens, dtype=torch.int64),
         spans=spans,
@@ -146,14 +156,16 @@ def _routes(
     route_rows: list[tuple[int, Any]],
     route_blocks: list[tuple[int, dict[str, Any]]],
     num_rows: int,
+    overrides: list[tuple[int, dict[str, Any]]] = (),  # type: ignore[assignment]
 ) -> tuple[RoutedExperts | None, Tensor]:
-    """(L, N, k) routes from per-row entries and (first row, block) context blocks."""
+    """(L, N, k) routes from per-row entries and (first row, block) context blocks; then
+    the version tables (`overrides`) over both."""
     routed = torch.zeros(num_rows, dtype=torch.bool)
     entries = [(r, route_entry(entry)) for r, entry in route_rows]
     if entries:
         layers, k = entries[0][1][0].shape
-    elif route_blocks:
-        layers, _, k = route_blocks[0][1]["indices"].shape
+    elif route_blocks or overrides:
+        layers, _, k = [*route_blocks, *overrides][0][1]["indices"].shape
     else:
         return None, routed
     ids = torch.zeros(layers, num_rows, k, dtype=torch.int64)
@@ -167,20 +179,28 @@ def _routes(
     for r, (row_ids, row_gates, _) in entries:
         ids[:, r], gates[:, r] = row_ids, row_gates
         routed[r] = True
-    return RoutedExperts(ids, gates, _blocks(entries, route_blocks, num_rows)), routed
+    for r0, block in overrides:
+        n = int(block["indices"].shape[1])
+        ids[:, r0 : r0 + n] = torch.as_tensor(block["indices"]).to(torch.int64)
+        if "gates" in block:
+            gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
+        routed[r0 : r0 + n] = True
+    selections = _blocks(entries, route_blocks, num_rows, overrides)
+    return RoutedExperts(ids, gates, selections), routed
 
 
 def _blocks(
     entries: list[tuple[int, tuple[Tensor, Tensor, Tensor | None]]],
     route_blocks: list[tuple[int, dict[str, Any]]],
     num_rows: int,
+    overrides: list[tuple[int, dict[str, Any]]],
 ) -> Tensor | None:
-    """(S, N, Hkv, W) Sparse GQA selections, -1 padded, if every recorded row carries them."""
+    """(S, N, Hkv, W) Sparse GQA selections, -1 padded, if every recorded row carries them
+    (context blocks, then per-row entries, then the version tables over both)."""
     rows = [(r, b) for r, (_, _, b) in entries]
-    blocks = [
-        (r0, torch.as_tensor(block["blocks"])) for r0, block in route_blocks if "blocks" in block
-    ]
-    if any(b is None for _, b in rows) or len(blocks) < len(route_blocks):
+    every = [*route_blocks, *overrides]
+    blocks = [(r0, torch.as_tensor(block["blocks"])) for r0, block in every if "blocks" in block]
+    if any(b is None for _, b in rows) or len(blocks) < len(every):
         return None
     shapes = [b.shape for _, b in rows] + [b[:, 0].shape for _, b in blocks]
     if not shapes:
@@ -188,10 +208,14 @@ def _blocks(
     layers, groups = shapes[0][0], shapes[0][1]
     width = max(shape[-1] for shape in shapes)
     out = torch.full((layers, num_rows, groups, width), -1, dtype=torch.int64)
-    for r0, b in blocks:
+    context, tables = blocks[: len(route_blocks)], blocks[len(route_blocks) :]
+    for r0, b in context:
         out[:, r0 : r0 + b.shape[1], :, : b.shape[-1]] = b.to(torch.int64)
     for r, b in rows:
         out[:, r, :, : b.shape[-1]] = b  # type: ignore[union-attr]
+    for r0, b in tables:
+        out[:, r0 : r0 + b.shape[1]] = -1
+        out[:, r0 : r0 + b.shape[1], :, : b.shape[-1]] = b.to(torch.int64)
     return out
 
 

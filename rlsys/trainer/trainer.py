@@ -144,7 +144,11 @@ class Trainer:
         )
         metrics.reward_mean_kept = sum(t.reward for t in kept) / len(kept)
 
-        packed = [pack(items) for items in micro_batches(kept, self.cfg.micro_batch_tokens)]
+        # under this version: rows it recomputed are replayed with the routes it used
+        packed = [
+            pack(items, version=self.version)
+            for items in micro_batches(kept, self.cfg.micro_batch_tokens)
+        ]
         weights = [w.to(self.device) for w in self._token_weights(packed, len(kept))]
         batches = [b.to(self.device) for b in packed]
         outcome = torch.tensor(
@@ -273,12 +277,14 @@ class Trainer:
         replay: str | None = None,
         model: PolicyModel | None = None,
         selections: bool | None = None,
+        version: int | None = None,
     ) -> list[Tensor]:
         """Recomputed log-probs of each trajectory's policy tokens (segment order), no grad.
 
         Uses `replay` and `selections` (default: the configured expert and selection replay)
         and the configured candidate replay, with `model` (default: the policy); runs in eval
-        mode so MoE load statistics are not touched.
+        mode so MoE load statistics are not touched. `version`: the weights `model` holds, so
+        rows that version recomputed replay its routes (`pack`).
         """
         mode = replay or self.cfg.replay_experts
         blocks = self.cfg.replay_selections if selections is None else selections
@@ -286,7 +292,8 @@ class Trainer:
         per_sample: list[list[Tensor]] = [[] for _ in trajectories]
         with _eval(model), torch.no_grad():
             for items in micro_batches(trajectories, self.cfg.micro_batch_tokens):
-                batch = pack(items, with_routes=mode != "off" or blocks).to(self.device)
+                batch = pack(items, with_routes=mode != "off" or blocks, version=version)
+                batch = batch.to(self.device)
                 h = packed_hidden(model, batch, mode, selections=blocks)
                 logp = self._log_probs(model, h[batch.pred_rows_P], batch).logp_P.cpu()
                 sample_P = batch.sample_P.cpu()
@@ -306,7 +313,7 @@ class Trainer:
         versions = sorted({v for vs, _ in columns for v in vs.tolist()} - {version})
         for v in (v for v in versions if v in self.snapshots):
             self.snapshots.load_into(self._scratch, v)
-            recomputed = self.log_probs(sample, model=self._scratch)
+            recomputed = self.log_probs(sample, model=self._scratch, version=v)
             for logp, (vs, behaviour) in zip(recomputed, columns, strict=True):
                 at_v = vs == v
                 sums.add_mismatch(logp[at_v].float() - behaviour[at_v])
