@@ -19,7 +19,6 @@ from torch import Tensor
 
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
-from rlsys.engine.command_queue import CommandQueue
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineCore, EngineStats
 from rlsys.engine.runners import make_runner
@@ -41,7 +40,9 @@ class InferenceEngine:
         runner = make_runner(model_cfg, self.cfg, state)
         self.core = EngineCore(model_cfg, self.cfg, runner, version, tokenizer)
         self._futures: dict[str, Future[GenerationResult]] = {}
-        self._queue = CommandQueue()
+        self._commands: list[Callable[[], None]] = []
+        self._wake = threading.Condition()
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rlsys-engine", daemon=True)
         self._thread.start()
 
@@ -91,11 +92,13 @@ class InferenceEngine:
 
     def close(self) -> None:
         """Stop the loop; requests still in flight finish with finish_reason="abort"."""
-        leftover = self._queue.close()
-        if leftover is None:
-            return
+        with self._wake:
+            if self._closed:
+                return
+            self._closed = True
+            self._wake.notify()
         self._thread.join()
-        for command in leftover:  # accepted before close: run, then abort below
+        for command in self._commands:  # accepted before close: run, then abort below
             command()
         for seq in [*self.core.running, *self.core.waiting]:
             self._resolve(self.core.abort(seq.request.request_id))
@@ -110,11 +113,24 @@ class InferenceEngine:
     # ---- scheduler thread --------------------------------------------------------------
 
     def _command(self, fn: Callable[[], None]) -> None:
-        self._queue.submit(fn)
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._commands.append(fn)
+            self._wake.notify()
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the scheduler thread between steps and return its value."""
-        return self._queue.call(fn)
+        done: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except Exception as err:
+                done.set_exception(err)
+
+        self._command(run)
+        return done.result()
 
     def _resolve(self, result: GenerationResult | None) -> GenerationResult | None:
         if result is not None:
@@ -125,9 +141,12 @@ class InferenceEngine:
 
     def _loop(self) -> None:
         while True:
-            commands = self._queue.take(self.core.has_work)
-            if commands is None:
-                return
+            with self._wake:
+                while not self._commands and not self.core.has_work() and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                commands, self._commands = self._commands, []
             for command in commands:
                 command()
             if self.core.has_work():

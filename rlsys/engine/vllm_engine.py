@@ -38,7 +38,6 @@ from typing import Any
 from torch import Tensor
 
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
-from rlsys.engine.command_queue import CommandQueue
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineStats
 from rlsys.engine.validation import request_error
@@ -136,7 +135,9 @@ class VllmEngine:
         limit = engine_cfg.sample_vocab
         self.allowed = list(range(limit)) if limit and limit < self.vocab_size else None
         self._pending: dict[str, _Pending] = {}
-        self._queue = CommandQueue()
+        self._commands: list[Callable[[], None]] = []
+        self._wake = threading.Condition()
+        self._closed = False
         self.steps = self.generated_tokens = self.prompt_tokens = self.hit_tokens = 0
         self._busy_s = 0.0
         self._thread = threading.Thread(target=self._loop, name="rlsys-vllm", daemon=True)
@@ -170,12 +171,12 @@ class VllmEngine:
         return self._call(self._stats)
 
     def close(self) -> None:
-        leftover = self._queue.close()
-        if leftover is None:
-            return
+        with self._wake:
+            if self._closed:
+                return
+            self._closed = True
+            self._wake.notify()
         self._thread.join()
-        for command in leftover:  # accepted before close: run, then abort below
-            command()
         for pending in list(self._pending.values()):
             self._finish(pending, "abort")
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
@@ -254,16 +255,32 @@ class VllmEngine:
         pending.future.set_result(pending.result)
 
     def _command(self, fn: Callable[[], None]) -> None:
-        self._queue.submit(fn)
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._commands.append(fn)
+            self._wake.notify()
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        return self._queue.call(fn)
+        done: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except Exception as err:
+                done.set_exception(err)
+
+        self._command(run)
+        return done.result()
 
     def _loop(self) -> None:
         while True:
-            commands = self._queue.take(lambda: bool(self._pending))
-            if commands is None:
-                return
+            with self._wake:
+                while not self._commands and not self._pending and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                commands, self._commands = self._commands, []
             for command in commands:
                 command()
             if self._pending:
