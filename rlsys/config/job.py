@@ -116,6 +116,14 @@ class EngineSection(_Section):
         description="MTP speculative decoding: drafts per verify step (0 = off); at most the "
         "model's max_speculative_tokens; CPU replicas with tp 1 only. Tokens are unchanged.",
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="GPU replicas (tp 1) replay decode steps as CUDA graphs; same bits as eager.",
+    )
+    cuda_graph_capture: Literal["start", "lazy"] = Field(
+        "start",
+        description="Capture every decode graph when the replica starts, or each on first use.",
+    )
 
     @model_validator(mode="after")
     def _speculative_on_cpu(self) -> EngineSection:

@@ -140,15 +140,20 @@ class LocalRunner:
         self._before: dict[int, ModelCache] = {}  # snapshots of the last step (spec only)
         self.graphs: DecodeGraphs | None = None
 
-    def enable_decode_graphs(self, max_batch: int, max_context: int) -> None:
+    def enable_decode_graphs(
+        self, max_batch: int, max_context: int, at_start: bool = False
+    ) -> None:
         """Run decode-only steps through `DecodeGraphs` (captured on CUDA; on the CPU the
-        same fixed-shape step runs eagerly, as the tests use it). Needs the paged cache."""
+        same fixed-shape step runs eagerly, as the tests use it). Needs the paged cache.
+        `at_start`: build every graph now rather than on first use."""
         if self.model.page_pool is None:
             raise ValueError("decode graphs need the paged KV cache (kv_pages > 0, Triton path)")
         if self.drafter is not None:
             raise ValueError("decode graphs and speculative decoding exclude each other")
         capture = self.device.type == "cuda"
         self.graphs = DecodeGraphs(self.model, max_batch, max_context, capture)
+        if at_start:
+            self.graphs.capture_all()
 
     def new_cache(self) -> int:
         key = self.table.new()

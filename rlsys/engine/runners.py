@@ -57,6 +57,10 @@ def make_runner(
             engine_cfg.sample_vocab,
         )
         if engine_cfg.cuda_graphs and runner.device.type == "cuda":
-            runner.enable_decode_graphs(engine_cfg.max_running, engine_cfg.max_context_tokens)
+            runner.enable_decode_graphs(
+                engine_cfg.max_running,
+                engine_cfg.max_context_tokens,
+                at_start=engine_cfg.cuda_graph_capture == "start",
+            )
         return runner
     return TP_BACKENDS[engine_cfg.tp_backend](cfg, state, engine_cfg.tp, engine_cfg.kv_pages())

@@ -36,17 +36,25 @@ def _state(dtype: str) -> tuple[object, dict[str, torch.Tensor]]:
     return cfg, Transformer(cfg).state_dict()
 
 
-def _runner(cfg, state, graphs: bool) -> LocalRunner:  # type: ignore[no-untyped-def]
+def _runner(cfg, state, graphs: bool, at_start: bool = False) -> LocalRunner:  # type: ignore[no-untyped-def]
     runner = LocalRunner(cfg, state, DEV, kv_pages=24, page_tokens=32)
     if graphs:
-        runner.enable_decode_graphs(max_batch=4, max_context=64)
+        runner.enable_decode_graphs(max_batch=4, max_context=64, at_start=at_start)
     return runner
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"] if CUDA else ["float32"])
-def test_graph_decode_steps_are_bitwise_the_eager_steps(dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "capture"),
+    [("float32", "lazy"), ("float32", "start")] + ([("bfloat16", "lazy")] if CUDA else []),
+)
+def test_graph_decode_steps_are_bitwise_the_eager_steps(dtype: str, capture: str) -> None:
     cfg, state = _state(dtype)
-    eager, graphs = _runner(cfg, state, False), _runner(cfg, state, True)
+    eager = _runner(cfg, state, False)
+    graphs = _runner(cfg, state, True, at_start=capture == "start")
+    assert graphs.graphs is not None
+    # at start-up every ladder size of the one context bucket is built; lazily, none yet
+    built_at_start = [(1, 64), (2, 64), (4, 64)] if capture == "start" else []
+    assert sorted(graphs.graphs.graphs) == built_at_start
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in (5, 9, 14)]
     keys = {id(r): [r.new_cache() for _ in prompts] for r in (eager, graphs)}
@@ -62,8 +70,9 @@ def test_graph_decode_steps_are_bitwise_the_eager_steps(dtype: str) -> None:
         assert want.routes is not None and got.routes is not None
         assert torch.equal(got.routes.indices, want.routes.indices)
         assert torch.equal(got.routes.gates, want.routes.gates)
-    assert graphs.graphs is not None and graphs.graphs.steps == 22
-    assert sorted(graphs.graphs.graphs) == [(1, 64), (4, 64)]
+    assert graphs.graphs.steps == 22
+    # lazily: only the sizes the steps needed (3 rows -> batch 4, then 1); nothing new after start
+    assert sorted(graphs.graphs.graphs) == (built_at_start or [(1, 64), (4, 64)])
 
 
 def test_engine_generations_with_decode_graphs_match_the_eager_engine() -> None:
