@@ -35,14 +35,19 @@ def main() -> None:
     model = Transformer(preset(args.preset)).cuda().eval()
     ecfg = EngineConfig(
         max_running=args.batch, max_context_tokens=2048, device="cuda", prefix_cache_tokens=0,
-        cuda_graphs=args.graphs,
+        max_step_tokens=max(args.batch, 8192), cuda_graphs=args.graphs,
     )  # fmt: skip
     core = EngineCore(model.cfg, ecfg, make_runner(model.cfg, ecfg, model.state_dict()))
     params = SamplingParams(max_tokens=64, seed=0)
     for i in range(args.batch):
         prompt = torch.randint(32, 127, (1024,)).tolist()
         core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params))
-    for _ in range(8):  # prefill + warm-up decode steps (compiles everything)
+    # prefill every prompt, then warm-up decode steps (compiles everything): the profiled
+    # steps are decode-only (with a small step budget, batch x 1024 prompt tokens would
+    # still be prefilling)
+    while any(s.num_generated == 0 for s in core.running) or core.waiting:
+        core.step()
+    for _ in range(3):
         core.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

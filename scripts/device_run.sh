@@ -77,7 +77,8 @@ sys.exit(subprocess.run([bwrap_path(), '--unshare-all', '--die-with-parent', '--
       timeout "${JOB_TIMEOUT:-540}" python3 -m rlsys.cli run "${JOB_CONFIG:-configs/gpu-2x.yaml}" \
         "${sandbox[@]}" ${JOB_ARGS:-} --json >"$OUT/job.json" 2>"$OUT/job.err"
       echo "job exit $?"; grep -v -i warn "$OUT/job.err" | tail -40
-      python3 -c "import json; d = json.load(open('$OUT/job.json')); print({k: v for k, v in d.items() if k != 'steps'})
+      grep '^step ' "$OUT/job.json" | tail -n 40
+      python3 -c "import json; d = json.loads(open('$OUT/job.json').read().strip().splitlines()[-1]); print({k: v for k, v in d.items() if k != 'steps'})
 for m in d['steps']: print(m['step'], m['reward_mean'], m['staleness'], m.get('mismatch'), m['step_s'])" || true
       cp runs/ledger.db "$OUT/ledger.db" 2>/dev/null
       tail -n 30 /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | grep -v -i warn | tail -60 > "$OUT/ray-workers.log" ;;

@@ -57,7 +57,8 @@ def run(
             cfg,
             resume=resume,
             job_id=job_id,
-            on_step=lambda m: click.echo(_progress_line(m)),
+            # with --json, stdout carries the summary object alone (progress goes to stderr)
+            on_step=lambda m: click.echo(_progress_line(m), err=as_json),
             on_event=lambda s: click.echo(s, err=True),
         )
     except LedgerUserError as err:

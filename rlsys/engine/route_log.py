@@ -68,5 +68,19 @@ class RouteLog:
 
     def row(self, r: int) -> dict[str, Tensor]:
         """One row as {"indices": (L, k), "gates": (L, k)} (a token's routed experts), and
-        "blocks": (S, Hkv, W) when selections are recorded."""
-        return {key: t[:, 0] for key, t in self.slice(r, r + 1).items()}
+        "blocks": (S, Hkv, W) when selections are recorded.
+
+        Read from the append that holds it, without merging the log: the engine asks for
+        the newest row of every sequence at every decode step, and merging (`slice`) would
+        copy the whole log each time, O(length) per token (it dominated the host side of
+        a batch-64 decode step on the GPU)."""
+        assert 0 <= r < self.rows, (r, self.rows)
+        if "blocks" in self._parts[0]:  # selection widths differ per append: pad via slice
+            return {key: t[:, 0] for key, t in self.slice(r, r + 1).items()}
+        end = self.rows
+        for part in reversed(self._parts):  # the newest rows are asked for most often
+            start = end - part["indices"].shape[1]
+            if r >= start:
+                return {key: t[:, r - start].clone() for key, t in part.items()}
+            end = start
+        raise AssertionError("rows are counted over the parts")

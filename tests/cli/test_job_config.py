@@ -51,6 +51,19 @@ def test_gpu_job_configs_are_valid(name, tp, gpus, monkeypatch):
     assert cfg.rollout.task["type"] == "code"
 
 
+def test_one_gpu_config_is_the_quickstart_on_a_shared_gpu(monkeypatch):
+    from rlsys.engine.config import EngineConfig
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # validated as on a GPU node
+    cfg = load_job_config(str(QUICKSTART.parent / "gpu-1x.yaml"))
+    quick = load_job_config(str(QUICKSTART))
+    assert EngineConfig.from_job(cfg.engine, cfg.seed).device == "cuda"
+    assert cfg.engine.replicas * cfg.engine.num_gpus + cfg.trainer.num_gpus == 1
+    assert cfg.engine.weight_transport == "object_store"  # no NCCL within one GPU
+    assert cfg.rollout == quick.rollout and cfg.algo == quick.algo
+    assert cfg.trainer.model_copy(update={"num_gpus": 0.0, "num_cpus": 1.0}) == quick.trainer
+
+
 @pytest.mark.parametrize(
     "sets, message",
     [

@@ -124,8 +124,11 @@ def test_each_version_replays_the_routes_it_used(mid_request: bool, tables: bool
     replayed_as_used = torch.equal(packed.routes.indices[:, :rows], used.to(torch.int64))
     if tables:
         assert all(exact) and replayed_as_used, exact
-    else:  # one route per row: v1's tokens get v0's routes on rows v1 recomputed; in the
-        # tiny model that moves nothing measurable between turns, but inside a request the
-        # tokens of one version are replayed with the other's routes on their own rows
+    else:  # one route per row: v1's tokens get v0's routes on rows v1 recomputed
         assert not replayed_as_used
-        assert all(exact) != mid_request, exact
+        # Inside a request the tokens of one version are replayed with the other's routes
+        # on their own rows: some move. Between turns only context rows carry the wrong
+        # routes, and whether that moves a token of the tiny model in the last bit depends
+        # on the CPU's kernels (it did on one 2-core box and not on another): not asserted.
+        if mid_request:
+            assert not all(exact), exact
