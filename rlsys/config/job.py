@@ -246,7 +246,40 @@ class TrainerSection(_Section):
         description="Custom Ray resources per trainer actor; it is placed on a node "
         "that offers them.",
     )
+    data_parallel: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Trainer ranks, each a process holding a shard of the policy and of its "
+        "optimiser state (FSDP2, torch.distributed.fsdp.fully_shard) with trainer.num_gpus "
+        "GPUs: 1 (NCCL, a GPU per rank) or 0 (gloo on CPUs). Every rank runs its share of "
+        "each step's micro-batches; the loss and metrics are the whole batch's; engines "
+        "receive full weights. 1: one unsharded trainer.",
+    )
+    data_parallel_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Bound on every collective between trainer ranks: a dead or hung rank "
+        "fails the trainer (which the job restarts from its checkpoint), never hangs it.",
+    )
     warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+
+    @model_validator(mode="after")
+    def _data_parallel_fits(self) -> TrainerSection:
+        if self.data_parallel == 1:
+            return self
+        if self.num_gpus not in (0, 1):
+            raise ValueError(
+                f"trainer.data_parallel {self.data_parallel}: each rank is one process with "
+                f"one GPU (NCCL) or none (gloo), so trainer.num_gpus must be 1 or 0, not "
+                f"{self.num_gpus}"
+            )
+        if self.mismatch_rollouts:
+            raise ValueError(
+                "trainer.mismatch_rollouts must be 0 with trainer.data_parallel > 1: the "
+                "host snapshots of past versions are not taken from a sharded policy yet"
+            )
+        return self
 
 
 class StoreSection(_Section):
@@ -351,9 +384,32 @@ class JobConfig(_Section):
                 "num_gpus must equal tp (or be 0: TP on the CPU)"
             )
         self._backend_fits_model()
+        self._data_parallel_supports()
         if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
             raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")
         return self
+
+    def _data_parallel_supports(self) -> None:
+        """What does not run sharded yet is refused here, by field (rlsys.trainer.fsdp)."""
+        if self.trainer.data_parallel == 1:
+            return
+        refused = {
+            "model.kind must be native (FSDP2 shards our Transformer's blocks)": (
+                self.model.kind != "native"
+            ),
+            "algo.critic.enabled must be false": self.algo.critic.enabled,
+            "algo.kl_coef must be 0 (no sharded reference policy)": self.algo.kl_coef > 0,
+            "trainer.mtp_weight must be 0 when the model has MTP heads": (
+                self.trainer.mtp_weight > 0
+                and self.model.kind == "native"
+                and self.model.resolve().mtp_depth > 0
+            ),
+        }
+        wrong = [why for why, bad in refused.items() if bad]
+        if wrong:
+            raise ValueError(
+                f"trainer.data_parallel {self.trainer.data_parallel}: " + "; ".join(wrong)
+            )
 
     def _backend_fits_model(self) -> None:
         serves = {"native": "native", "vllm": "hf"}  # engine backend -> the model kind it serves

@@ -15,10 +15,15 @@ Device: the trainer runs where the model's parameters are (CPU, or the GPU Ray g
 actor). Packing builds on CPU and moves each micro-batch once; log-probs it returns to
 callers are on CPU.
 
+Data parallel (`data_parallel`, FSDP2: `data_parallel.py`, `fsdp.py`): every rank calls
+`train_step` with the same trajectories and runs its share of the same micro-batches; the
+weights, `aux_scale` and advantages are the whole batch's, the gradients are summed over
+ranks, the metrics are global on every rank. Without it (or unsharded) nothing changes.
+
 Invariants: the loss of a batch does not depend on how it is split into micro-batches
-(per-token weights are computed over the whole batch); at staleness 0 with the engine's
-weights the recomputed log-probs equal the behaviour log-probs bitwise (replay off or
-`indices_and_gates`), so importance weights are exactly 1; a resumed trainer is the same
+or over ranks (per-token weights are computed over the whole batch); at staleness 0 with
+the engine's weights the recomputed log-probs equal the behaviour log-probs bitwise (replay
+off or `indices_and_gates`), so importance weights are exactly 1; a resumed trainer is the same
 trainer (model, optimisers, step, version, stream position, reference policy).
 """
 
@@ -46,7 +51,22 @@ from rlsys.model.policy import PolicyModel
 from rlsys.trainer.batch import PackedBatch, micro_batches, pack
 from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlsys.trainer.critic import Critic
+from rlsys.trainer.data_parallel import (
+    DataParallel,
+    assign_micro_batches,
+    preserved_statistics,
+    reduce_count,
+    reduce_expert_load,
+    reduce_token_sums,
+)
 from rlsys.trainer.forward import packed_hidden
+from rlsys.trainer.fsdp import (
+    full_optimizer_state,
+    full_state_dict,
+    load_full_optimizer_state,
+    load_full_state_dict,
+    shard_policy,
+)
 from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
 from rlsys.trainer.metrics import StepMetrics, TokenSums, candidate_set_sizes
 from rlsys.trainer.mtp_loss import clip_policy_and_mtp, mtp_loss, mtp_nll
@@ -79,6 +99,9 @@ class Trainer:
     `temperature` must be the engine's sampling temperature, and `valid_vocab` (default: the
     model's vocabulary) the ids it may sample, so that recomputed log-probs are over the same
     distribution. Tokens with a recorded candidate set use that set instead (replay).
+
+    `data_parallel`: shard the policy with FSDP2 over that mesh (every method that touches
+    the policy is then a collective: all ranks call it with the same arguments).
     """
 
     def __init__(
@@ -89,8 +112,13 @@ class Trainer:
         *,
         temperature: float = 1.0,
         valid_vocab: int | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.model, self.cfg, self.algo = model, cfg, algo
+        self.dp = data_parallel
+        if data_parallel is not None:
+            _refuse_unsharded_features(model, cfg, algo)
+            shard_policy(model, data_parallel.mesh)  # type: ignore[arg-type]
         model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(
@@ -149,8 +177,10 @@ class Trainer:
             pack(items, version=self.version)
             for items in micro_batches(kept, self.cfg.micro_batch_tokens)
         ]
-        weights = [w.to(self.device) for w in self._token_weights(packed, len(kept))]
-        batches = [b.to(self.device) for b in packed]
+        mine, padding = self._share(packed)
+        all_weights = self._token_weights(packed, len(kept))
+        weights = [all_weights[i].to(self.device) for i in mine]
+        batches = [packed[i].to(self.device) for i in mine]
         outcome = torch.tensor(
             group_relative(
                 [t.reward for t in kept],
@@ -166,15 +196,23 @@ class Trainer:
         clamp_before = _clamped(self.model)
 
         sums = TokenSums(has_reference=self.reference is not None)
-        total_rows = sum(b.num_tokens for b in batches)
+        total_rows = sum(b.num_tokens for b in packed)
         # The model's auxiliary losses are sums of per-sequence terms: averaging them over
         # the step's sequences keeps the step independent of the micro-batch split.
-        aux_scale = 1.0 / sum(len(b.spans) for b in batches)
+        aux_scale = 1.0 / sum(len(b.spans) for b in packed)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         for batch, w in zip(batches, weights, strict=True):
             self._micro_step(batch, w, outcome, use_critic, aux_scale, sums)
-        grad_norm = clip_policy_and_mtp(self.model, self.cfg.grad_clip)
+        for _ in range(padding):  # FSDP's collectives need as many passes on every rank
+            with preserved_statistics(self.model):
+                pad = packed[min(range(len(packed)), key=lambda i: packed[i].num_tokens)]
+                w0 = torch.zeros(pad.num_policy_tokens, device=self.device)
+                self._micro_step(pad.to(self.device), w0, outcome, use_critic, 0.0, TokenSums())
+        if self.dp is not None:
+            reduce_token_sums(sums, self.dp.group)
+            reduce_expert_load(self.model, self.dp.group)
+        grad_norm = clip_policy_and_mtp(self.model, self.cfg.grad_clip, self.dp is not None)
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
         self.optimizer.step()
@@ -196,6 +234,8 @@ class Trainer:
         metrics.num_tokens = total_rows
         metrics.grad_norm = float(grad_norm)
         metrics.grad_clamp_clipped = _clamped(self.model) - clamp_before
+        if self.dp is not None:
+            metrics.grad_clamp_clipped = reduce_count(metrics.grad_clamp_clipped, self.dp.group)
         metrics.critic_baseline = use_critic
         metrics.step_s = time.perf_counter() - started
         metrics.tokens_per_s = total_rows / max(metrics.step_s, 1e-9)
@@ -207,6 +247,14 @@ class Trainer:
             kept, zero = split_zero_variance(kept)
             dropped += zero
         return kept, dropped
+
+    def _share(self, packed: list[PackedBatch]) -> tuple[list[int], int]:
+        """This rank's micro-batches (indices into `packed`) and its padding passes."""
+        if self.dp is None:
+            return list(range(len(packed))), 0
+        shares = assign_micro_batches([b.num_tokens for b in packed], self.dp.world_size)
+        mine = shares[self.dp.rank]
+        return mine, max(len(s) for s in shares) - len(mine)
 
     def _token_weights(self, batches: list[PackedBatch], num_samples: int) -> list[Tensor]:
         sample_P = torch.cat([b.sample_P for b in batches])
@@ -286,6 +334,8 @@ class Trainer:
         mode so MoE load statistics are not touched. `version`: the weights `model` holds, so
         rows that version recomputed replay its routes (`pack`).
         """
+        # Under data parallel a collective (FSDP gathers each unit): every rank calls it
+        # with the same arguments and computes every trajectory.
         mode = replay or self.cfg.replay_experts
         blocks = self.cfg.replay_selections if selections is None else selections
         model = model if model is not None else self.model
@@ -357,9 +407,16 @@ class Trainer:
     # ---- state ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """Under data parallel a collective; the model's and the optimiser's tensors are
+        then full (gathered), the optimiser's keyed by parameter name."""
+        sharded = self.dp is not None
         state: dict[str, Any] = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": full_state_dict(self.model) if sharded else self.model.state_dict(),
+            "optimizer": (
+                full_optimizer_state(self.model, self.optimizer)  # type: ignore[arg-type]
+                if sharded
+                else self.optimizer.state_dict()
+            ),
             "step": self.step,
             "version": self.version,
             "stream_position": dict(self.stream_position),
@@ -372,8 +429,12 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dp is not None:  # a collective: each rank keeps its shard of the full state
+            load_full_state_dict(self.model, state["model"])  # type: ignore[arg-type]
+            load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])  # type: ignore[arg-type]
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.version = int(state["step"]), int(state["version"])
         self.stream_position = dict(state["stream_position"])
         if self.critic is not None and "critic" in state:
@@ -386,15 +447,38 @@ class Trainer:
     def save_checkpoint(
         self, path: str | Path, stream_position: dict[str, Any] | None = None
     ) -> Path:
-        """Atomically write everything a resumed trainer needs (see `checkpoint.py`)."""
+        """Atomically write everything a resumed trainer needs (see `checkpoint.py`).
+
+        Under data parallel a collective: every rank gathers, rank 0 writes, and no rank
+        returns before the file is in place."""
         if stream_position is not None:
             self.stream_position = dict(stream_position)
-        return save_checkpoint(path, self.state_dict())
+        state = self.state_dict()
+        if self.dp is None:
+            return save_checkpoint(path, state)
+        if self.dp.rank == 0:
+            save_checkpoint(path, state)
+        torch.distributed.barrier(group=self.dp.group)
+        return Path(path)
 
     def restore(self, path: str | Path) -> dict[str, Any]:
         """Load a checkpoint into this trainer; returns the stream position it recorded."""
         self.load_state_dict(load_checkpoint(path))
         return dict(self.stream_position)
+
+
+def _refuse_unsharded_features(model: PolicyModel, cfg: TrainerSection, algo: AlgoConfig) -> None:
+    """Features that do not run sharded yet: refused by name, never run wrong."""
+    refused = {
+        "algo.critic.enabled": algo.critic.enabled,
+        "algo.kl_coef (a reference policy)": algo.kl_coef > 0,
+        "trainer.mismatch_rollouts (host snapshots)": cfg.mismatch_rollouts > 0,
+        "trainer.mtp_weight (MTP heads' own backward)": cfg.mtp_weight > 0
+        and len(getattr(model, "mtp", ())) > 0,
+    }
+    on = [name for name, bad in refused.items() if bad]
+    if on:
+        raise ValueError(f"trainer.data_parallel > 1 does not support yet: {', '.join(on)}")
 
 
 def _frozen_copy(model: PolicyModel) -> PolicyModel:
