@@ -87,14 +87,21 @@ def run_ranks(
 
 
 def single_rank(
-    trajs: list[Trajectory], *, algo: AlgoConfig | None = None, steps: int = 2, **trainer_cfg: Any
+    trajs: list[Trajectory],
+    *,
+    algo: AlgoConfig | None = None,
+    steps: int = 2,
+    device: str = "cpu",
+    **trainer_cfg: Any,
 ) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
-    """The same steps on one unsharded trainer: (metrics per step, state dict)."""
+    """The same steps on one unsharded trainer: (metrics per step, state dict on the CPU)."""
     torch.set_num_threads(1)
     trainer = Trainer(
-        tiny_model(),
+        tiny_model().to(device),
         TrainerSection.model_validate({**TRAINER, **trainer_cfg}),
         algo or AlgoConfig(),
     )
     metrics = [trainer.train_step(trajs).metrics.as_dict() for _ in range(steps)]
-    return metrics, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    return metrics, {
+        k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()
+    }
