@@ -11,7 +11,7 @@ draw demonstrations from the task itself. An actor Ray gave a GPU trains there.
 With `trainer.data_parallel` N > 1 this actor is rank 0 of N FSDP2 ranks
 (`rlsys.actors.trainer_ranks`): it alone reads the stream and talks to the controller and
 the engines; every call that touches the sharded policy runs on all ranks together, and
-the weights it publishes are gathered full tensors, never shards.
+the weights it publishes (object store) are gathered full tensors, never shards.
 """
 
 from __future__ import annotations
@@ -110,12 +110,12 @@ class TrainerActor:
 
     # ---- the data-parallel ranks (trainer.data_parallel > 1) ----------------------------------
 
-    def _full_state(self, device: str = "cpu") -> dict[str, Any]:
-        """The policy's full weights, gathered from every rank (a collective)."""
+    def _full_state(self) -> dict[str, Any]:
+        """The policy's full weights on the CPU, gathered from every rank (a collective)."""
         from rlsys.trainer.fsdp import full_state_dict
 
         assert self.ranks is not None
-        return self.ranks.collective("gather", (), lambda: full_state_dict(self.model, device))
+        return self.ranks.collective("gather", (), lambda: full_state_dict(self.model))
 
     def _load_full(self, state: dict[str, Any]) -> None:
         from rlsys.trainer.fsdp import load_full_state_dict
@@ -191,10 +191,8 @@ class TrainerActor:
         """Broadcast the current weights as `version`; returns the bytes sent."""
         from rlsys.engine.weight_sync import plan_buckets, send
 
-        if self.ranks is not None:  # full tensors on this device, gathered from every rank
-            state = self._full_state(str(self.trainer.device))
-        else:
-            state = self.model.state_dict()
+        # (not with trainer.data_parallel > 1: the config refuses the collective transport)
+        state = self.model.state_dict()
         return send(state, plan_buckets(state), version)
 
     def checkpoint(self, path: str, stream_position: dict[str, Any]) -> str:

@@ -254,7 +254,8 @@ class TrainerSection(_Section):
         "optimiser state (FSDP2, torch.distributed.fsdp.fully_shard) with trainer.num_gpus "
         "GPUs: 1 (NCCL, a GPU per rank) or 0 (gloo on CPUs). Every rank runs its share of "
         "each step's micro-batches; the loss and metrics are the whole batch's; engines "
-        "receive full weights. 1: one unsharded trainer.",
+        "receive full weights (engine.weight_transport: object_store). 1: one unsharded "
+        "trainer.",
     )
     data_parallel_timeout_s: float = Field(
         600.0,
@@ -399,6 +400,11 @@ class JobConfig(_Section):
             ),
             "algo.critic.enabled must be false": self.algo.critic.enabled,
             "algo.kl_coef must be 0 (no sharded reference policy)": self.algo.kl_coef > 0,
+            # both the trainer ranks' group and the broadcast group are the process's
+            # default torch.distributed group (rlsys.engine.sync_group): one process has one
+            "engine.weight_transport must be object_store": (
+                self.engine.weight_transport == "collective"
+            ),
             "trainer.mtp_weight must be 0 when the model has MTP heads": (
                 self.trainer.mtp_weight > 0
                 and self.model.kind == "native"

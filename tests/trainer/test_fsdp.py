@@ -89,6 +89,7 @@ def test_micro_batches_are_shared_by_token_count_deterministically() -> None:
         ("trainer", "mtp_weight", 0.1, "trainer.mtp_weight must be 0"),
         ("algo", "kl_coef", 0.1, "algo.kl_coef must be 0"),
         ("algo", "critic", {"enabled": True}, "algo.critic.enabled must be false"),
+        ("engine", "weight_transport", "collective", "engine.weight_transport must be"),
     ],
 )
 def test_config_refuses_what_does_not_run_sharded(
