@@ -66,10 +66,6 @@ def shard_policy(model: Transformer, mesh: DeviceMesh) -> Transformer:
     return model
 
 
-def is_sharded(model: Any) -> bool:
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 def full_state_dict(
     model: torch.nn.Module, device: str | torch.device = "cpu"
 ) -> dict[str, Tensor]:
