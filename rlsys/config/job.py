@@ -275,11 +275,6 @@ class TrainerSection(_Section):
                 f"one GPU (NCCL) or none (gloo), so trainer.num_gpus must be 1 or 0, not "
                 f"{self.num_gpus}"
             )
-        if self.mismatch_rollouts:
-            raise ValueError(
-                "trainer.mismatch_rollouts must be 0 with trainer.data_parallel > 1: the "
-                "host snapshots of past versions are not taken from a sharded policy yet"
-            )
         return self
 
 

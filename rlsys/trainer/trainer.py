@@ -46,7 +46,7 @@ from rlsys.algo.filters import Filtered, split_stale, split_zero_variance
 from rlsys.algo.objectives import per_token_terms
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
-from rlsys.model import AuxLosses
+from rlsys.model import AuxLosses, Transformer
 from rlsys.model.policy import PolicyModel
 from rlsys.trainer.batch import PackedBatch, micro_batches, pack
 from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -129,7 +129,9 @@ class Trainer:
         )
         self.reference: PolicyModel | None = None  # snapshot taken at the first RL step
         # host copies of recent versions and a scratch model to recompute under them
-        self.snapshots = VersionSnapshots(keep=algo.max_staleness)
+        # under data parallel rank 0 measures the stale mismatch (the others gather with it)
+        measures = data_parallel is None or data_parallel.rank == 0
+        self.snapshots = VersionSnapshots(keep=algo.max_staleness, store=measures)
         self._scratch: PolicyModel | None = None
         self.step = 0
         self.version = 0
@@ -158,7 +160,7 @@ class Trainer:
                 "a trajectory with a NaN reward (a failed rollout) reached the trainer"
             )
         if self.cfg.mismatch_rollouts:
-            self.snapshots.take(self.version, self.model)  # the weights that version sampled
+            self._snapshot()  # the weights that version sampled
         kept, filtered = self._filter(trajectories)
         metrics = StepMetrics(self.step, self.version, len(kept), len(filtered))
         if trajectories:  # the behaviour policy's reward: every sample the step consumed
@@ -224,8 +226,9 @@ class Trainer:
         self.step += 1
         self.version += 1
         if self.cfg.mismatch_rollouts:
-            self.snapshots.take(self.version, self.model)
-            self._stale_mismatch(kept, self.version - 1, sums)
+            self._snapshot()
+            if self.snapshots.store:  # rank 0 alone under data parallel: its metrics report
+                self._stale_mismatch(kept, self.version - 1, sums)
         if stream_position is not None:
             self.stream_position = dict(stream_position)
         sums.fill(metrics)
@@ -240,6 +243,16 @@ class Trainer:
         metrics.step_s = time.perf_counter() - started
         metrics.tokens_per_s = total_rows / max(metrics.step_s, 1e-9)
         return StepResult(True, metrics, filtered, [t.rollout_id for t in kept])
+
+    def _plain_model(self) -> PolicyModel:
+        """An unsharded model of the policy's shape (recomputing in it is no collective);
+        its initial values are overwritten, so it must not draw from the global RNG."""
+        with torch.random.fork_rng(devices=[]):
+            return Transformer(self.model.cfg).to(self.device)  # type: ignore[attr-defined]
+
+    def _snapshot(self) -> None:
+        gather = (lambda: full_state_dict(self.model)) if self.dp is not None else None
+        self.snapshots.take(self.version, self.model, gather)  # type: ignore[arg-type]
 
     def _filter(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Filtered]]:
         kept, dropped = split_stale(trajs, self.version, self.algo.max_staleness)
@@ -358,7 +371,7 @@ class Trainer:
         if not sample:
             return
         if self._scratch is None:
-            self._scratch = copy.deepcopy(self.model)
+            self._scratch = copy.deepcopy(self.model) if self.dp is None else self._plain_model()
         columns = [policy_columns(t) for t in sample]
         versions = sorted({v for vs, _ in columns for v in vs.tolist()} - {version})
         for v in (v for v in versions if v in self.snapshots):
@@ -472,7 +485,6 @@ def _refuse_unsharded_features(model: PolicyModel, cfg: TrainerSection, algo: Al
     refused = {
         "algo.critic.enabled": algo.critic.enabled,
         "algo.kl_coef (a reference policy)": algo.kl_coef > 0,
-        "trainer.mismatch_rollouts (host snapshots)": cfg.mismatch_rollouts > 0,
         "trainer.mtp_weight (MTP heads' own backward)": cfg.mtp_weight > 0
         and len(getattr(model, "mtp", ())) > 0,
     }

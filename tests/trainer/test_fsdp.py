@@ -52,6 +52,18 @@ def test_two_ranks_take_the_single_rank_step(tmp_path: Path) -> None:
     assert not torch.equal(ranks[0]["state"]["lm_head"], tiny_model().state_dict()["lm_head"])
 
 
+def test_rank_zero_measures_the_stale_mismatch_as_one_rank_does(tmp_path: Path) -> None:
+    trajs = _trajectories()  # sampled by version 0: stale at the second step
+    ref_metrics, ref_state = single_rank(trajs, mismatch_rollouts=2)
+    ranks = run_ranks(2, trajs, tmp_path, mismatch_rollouts=2)
+    _assert_same_step(ranks, ref_metrics, ref_state)
+    want = ref_metrics[1]["mismatch"]
+    assert want["tokens"] > 0
+    got = ranks[0]["metrics"][1]["mismatch"]
+    assert got["tokens"] == want["tokens"]
+    assert got["mean_abs"] == pytest.approx(want["mean_abs"], rel=1e-5, abs=1e-9)
+
+
 def test_seq_mean_and_ppo_clip_match_the_single_rank_step(tmp_path: Path) -> None:
     trajs = _trajectories()
     algo = AlgoConfig(objective="ppo_clip", aggregation="seq_mean")
@@ -85,7 +97,6 @@ def test_micro_batches_are_shared_by_token_count_deterministically() -> None:
     ("section", "field", "value", "message"),
     [
         ("trainer", "num_gpus", 2, "trainer.num_gpus must be 1 or 0"),
-        ("trainer", "mismatch_rollouts", 2, "trainer.mismatch_rollouts must be 0"),
         ("trainer", "mtp_weight", 0.1, "trainer.mtp_weight must be 0"),
         ("algo", "kl_coef", 0.1, "algo.kl_coef must be 0"),
         ("algo", "critic", {"enabled": True}, "algo.critic.enabled must be false"),
