@@ -400,11 +400,6 @@ class JobConfig(_Section):
             "engine.weight_transport must be object_store": (
                 self.engine.weight_transport == "collective"
             ),
-            "trainer.mtp_weight must be 0 when the model has MTP heads": (
-                self.trainer.mtp_weight > 0
-                and self.model.kind == "native"
-                and self.model.resolve().mtp_depth > 0
-            ),
         }
         wrong = [why for why, bad in refused.items() if bad]
         if wrong:

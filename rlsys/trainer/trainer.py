@@ -117,7 +117,7 @@ class Trainer:
         self.model, self.cfg, self.algo = model, cfg, algo
         self.dp = data_parallel
         if data_parallel is not None:
-            _refuse_unsharded_features(model, cfg, algo)
+            _refuse_unsharded_features(algo)
             shard_policy(model, data_parallel.mesh)  # type: ignore[arg-type]
         model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.device = next(model.parameters()).device
@@ -301,16 +301,27 @@ class Trainer:
         pg = (pg_P * w_P).sum()
         kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros((), device=self.device)
         loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
-        loss.backward()
-        if self.cfg.mtp_weight > 0:  # its own graph: the heads' parameters only (mtp_loss.py)
-            opts = self.logprob_options
-            per_depth = mtp_nll(self.model, h_Nd, batch, opts.valid_vocab, opts.chunk)
-            heads_loss = mtp_loss(per_depth, w_P)
-            if heads_loss is not None:
-                (self.cfg.mtp_weight * heads_loss).backward()
+        if self.dp is None:
+            loss.backward()
+            heads = self._mtp_loss(h_Nd, batch, w_P)
+            if heads is not None:
+                heads.backward()
+        else:  # one backward: FSDP reshards the root (LM head, embedding) when it ends
+            heads = self._mtp_loss(h_Nd, batch, w_P)
+            (loss if heads is None else loss + heads).backward()
         weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
         fresh_P = batch.versions_P.to(out.logp_P.device) == self.version
         sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted, fresh_P)
+
+    def _mtp_loss(self, h_Nd: Tensor, batch: PackedBatch, w_P: Tensor) -> Tensor | None:
+        """The MTP heads' weighted loss: its own graph over detached inputs, so it trains
+        the heads' parameters only (`mtp_loss.py`); None when off or without targets."""
+        if self.cfg.mtp_weight == 0:
+            return None
+        opts = self.logprob_options
+        per_depth = mtp_nll(self.model, h_Nd, batch, opts.valid_vocab, opts.chunk)  # type: ignore[arg-type]
+        heads_loss = mtp_loss(per_depth, w_P)
+        return None if heads_loss is None else self.cfg.mtp_weight * heads_loss
 
     def _log_probs(self, model: PolicyModel, h_Pd: Tensor, batch: PackedBatch) -> PolicyLogProbs:
         return policy_log_probs(
@@ -480,13 +491,11 @@ class Trainer:
         return dict(self.stream_position)
 
 
-def _refuse_unsharded_features(model: PolicyModel, cfg: TrainerSection, algo: AlgoConfig) -> None:
+def _refuse_unsharded_features(algo: AlgoConfig) -> None:
     """Features that do not run sharded yet: refused by name, never run wrong."""
     refused = {
         "algo.critic.enabled": algo.critic.enabled,
         "algo.kl_coef (a reference policy)": algo.kl_coef > 0,
-        "trainer.mtp_weight (MTP heads' own backward)": cfg.mtp_weight > 0
-        and len(getattr(model, "mtp", ())) > 0,
     }
     on = [name for name, bad in refused.items() if bad]
     if on:

@@ -27,7 +27,6 @@ from tests.trainer.helpers import engine_trajectories, tiny_model
 pytestmark = pytest.mark.ray
 
 TRAINER = {
-    "mtp_weight": 0.0,
     "micro_batch_tokens": 64,
     "num_cpus": 0.5,
     "data_parallel_timeout_s": 20.0,

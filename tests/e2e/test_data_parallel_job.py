@@ -15,7 +15,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 DATA_PARALLEL = (
     "trainer.data_parallel=2",
-    "trainer.mtp_weight=0",
     "trainer.num_cpus=0.5",
     "algo.filter_zero_variance=false",
     "rollout.pipeline=sync",

@@ -23,8 +23,8 @@ from rlsys.trainer.fsdp import full_state_dict
 from rlsys.trajectory import Trajectory
 from tests.trainer.helpers import tiny_model
 
-# The trainer options of every run here: the features that run sharded.
-TRAINER = {"mtp_weight": 0.0, "mismatch_rollouts": 0, "micro_batch_tokens": 64}
+# Small micro-batches (several per rank); the MTP heads train (the tiny preset has one).
+TRAINER = {"mtp_weight": 0.1, "mismatch_rollouts": 0, "micro_batch_tokens": 64}
 
 
 def free_port() -> int:

@@ -97,7 +97,6 @@ def test_micro_batches_are_shared_by_token_count_deterministically() -> None:
     ("section", "field", "value", "message"),
     [
         ("trainer", "num_gpus", 2, "trainer.num_gpus must be 1 or 0"),
-        ("trainer", "mtp_weight", 0.1, "trainer.mtp_weight must be 0"),
         ("algo", "kl_coef", 0.1, "algo.kl_coef must be 0"),
         ("algo", "critic", {"enabled": True}, "algo.critic.enabled must be false"),
         ("engine", "weight_transport", "collective", "engine.weight_transport must be"),
