@@ -137,7 +137,14 @@ class TrainerActor:
         """`algo.critic.pretrain_steps` value-regression steps on the demonstrations."""
         from rlsys.trainer.critic_pretrain import pretrain_critic_on_demonstrations
 
-        return pretrain_critic_on_demonstrations(self.trainer, self._demonstrations())
+        demos = self._demonstrations()
+        if self.ranks is None:
+            return pretrain_critic_on_demonstrations(self.trainer, demos)
+        return self.ranks.collective(  # every rank fits the same replicated critic
+            "pretrain_critic",
+            (ray.put(demos),),
+            lambda: pretrain_critic_on_demonstrations(self.trainer, demos),
+        )
 
     def step(self, rollout_ids: list[str], timeout_s: float) -> dict[str, Any]:
         """Train on the trajectories of `rollout_ids`, read from the stream."""

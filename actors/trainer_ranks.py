@@ -82,6 +82,11 @@ class TrainerRank:
     def train_step(self, trajectories: list[Any]) -> None:
         self.trainer.train_step(trajectories)
 
+    def pretrain_critic(self, demonstrations: list[Any]) -> None:
+        from rlsys.trainer.critic_pretrain import pretrain_critic_on_demonstrations
+
+        pretrain_critic_on_demonstrations(self.trainer, demonstrations)
+
     def gather(self) -> None:
         from rlsys.trainer.fsdp import full_state_dict
 

@@ -393,8 +393,6 @@ class JobConfig(_Section):
             "model.kind must be native (FSDP2 shards our Transformer's blocks)": (
                 self.model.kind != "native"
             ),
-            "algo.critic.enabled must be false": self.algo.critic.enabled,
-            "algo.kl_coef must be 0 (no sharded reference policy)": self.algo.kl_coef > 0,
             # both the trainer ranks' group and the broadcast group are the process's
             # default torch.distributed group (rlsys.engine.sync_group): one process has one
             "engine.weight_transport must be object_store": (

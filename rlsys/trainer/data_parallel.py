@@ -118,6 +118,13 @@ def reduce_count(count: int, group: dist.ProcessGroup) -> int:
     return int(total.item())
 
 
+def reduce_gradients(module: nn.Module, group: dist.ProcessGroup) -> None:
+    """Sum a replicated (unsharded) module's gradients over ranks, e.g. the critic's."""
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+
+
 def reduce_expert_load(model: nn.Module, group: dist.ProcessGroup) -> None:
     """Sum each MoE layer's expert load over ranks (before `update_balance`)."""
     for module in model.modules():

@@ -57,6 +57,7 @@ from rlsys.trainer.data_parallel import (
     preserved_statistics,
     reduce_count,
     reduce_expert_load,
+    reduce_gradients,
     reduce_token_sums,
 )
 from rlsys.trainer.forward import packed_hidden
@@ -117,7 +118,6 @@ class Trainer:
         self.model, self.cfg, self.algo = model, cfg, algo
         self.dp = data_parallel
         if data_parallel is not None:
-            _refuse_unsharded_features(algo)
             shard_policy(model, data_parallel.mesh)  # type: ignore[arg-type]
         model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.device = next(model.parameters()).device
@@ -194,7 +194,7 @@ class Trainer:
         )
         use_critic = self.critic is not None and self.critic.ready
         if self.algo.kl_coef > 0 and self.reference is None:
-            self.reference = _frozen_copy(self.model)
+            self.reference = self._frozen_copy()
         clamp_before = _clamped(self.model)
 
         sums = TokenSums(has_reference=self.reference is not None)
@@ -221,6 +221,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.update_balance()
         if self.critic is not None:
+            if self.dp is not None:  # a replicated module: its gradient summed over ranks
+                reduce_gradients(self.critic, self.dp.group)
             self.critic.update()
 
         self.step += 1
@@ -249,6 +251,17 @@ class Trainer:
         its initial values are overwritten, so it must not draw from the global RNG."""
         with torch.random.fork_rng(devices=[]):
             return Transformer(self.model.cfg).to(self.device)  # type: ignore[attr-defined]
+
+    def _frozen_copy(self) -> PolicyModel:
+        """The reference policy: a frozen copy of the current weights (sharded as the
+        policy is under data parallel: gathered once, then each rank keeps its shard)."""
+        if self.dp is None:
+            return _frozen_copy(self.model)
+        ref = self._plain_model()
+        ref.load_state_dict(full_state_dict(self.model))
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return shard_policy(ref, self.dp.mesh).eval()  # type: ignore[arg-type]
 
     def _snapshot(self) -> None:
         gather = (lambda: full_state_dict(self.model)) if self.dp is not None else None
@@ -395,7 +408,10 @@ class Trainer:
     # ---- critic pre-training -----------------------------------------------------------------
 
     def pretrain_critic(self, trajectories: Sequence[Trajectory], steps: int) -> list[float]:
-        """Fit the critic to the returns of collected trajectories; the policy is untouched."""
+        """Fit the critic to the returns of collected trajectories; the policy is untouched.
+
+        Under data parallel a collective: every rank runs the whole (same) computation, so
+        the replicated critic stays the same on every rank."""
         assert self.critic is not None, "algo.critic.enabled is off"
         losses = []
         batches = [
@@ -449,7 +465,9 @@ class Trainer:
             state["critic"] = self.critic.state_dict()
             state["critic_optimizer"] = self.critic.optimizer.state_dict()
         if self.reference is not None:
-            state["reference"] = self.reference.state_dict()
+            state["reference"] = (
+                full_state_dict(self.reference) if sharded else self.reference.state_dict()
+            )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -465,8 +483,11 @@ class Trainer:
             self.critic.load_state_dict(state["critic"])
             self.critic.optimizer.load_state_dict(state["critic_optimizer"])
         if "reference" in state:
-            self.reference = _frozen_copy(self.model)
-            self.reference.load_state_dict(state["reference"])
+            self.reference = self._frozen_copy()
+            if self.dp is not None:
+                load_full_state_dict(self.reference, state["reference"])  # type: ignore[arg-type]
+            else:
+                self.reference.load_state_dict(state["reference"])
 
     def save_checkpoint(
         self, path: str | Path, stream_position: dict[str, Any] | None = None
@@ -489,17 +510,6 @@ class Trainer:
         """Load a checkpoint into this trainer; returns the stream position it recorded."""
         self.load_state_dict(load_checkpoint(path))
         return dict(self.stream_position)
-
-
-def _refuse_unsharded_features(algo: AlgoConfig) -> None:
-    """Features that do not run sharded yet: refused by name, never run wrong."""
-    refused = {
-        "algo.critic.enabled": algo.critic.enabled,
-        "algo.kl_coef (a reference policy)": algo.kl_coef > 0,
-    }
-    on = [name for name, bad in refused.items() if bad]
-    if on:
-        raise ValueError(f"trainer.data_parallel > 1 does not support yet: {', '.join(on)}")
 
 
 def _frozen_copy(model: PolicyModel) -> PolicyModel:

@@ -8,11 +8,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlsys.config.algo import AlgoConfig
-from rlsys.config.job import JobConfig, TrainerSection
-from rlsys.trainer import Trainer, load_checkpoint
+from rlsys.config.algo import AlgoConfig, CriticConfig
+from rlsys.config.job import JobConfig
+from rlsys.trainer import load_checkpoint
 from rlsys.trainer.batch import micro_batches
 from rlsys.trainer.data_parallel import assign_micro_batches
+from rlsys.trainer.fsdp import shard_policy
 from tests.trainer.dp_harness import TRAINER, run_ranks, single_rank
 from tests.trainer.helpers import engine_trajectories, tiny_model
 
@@ -64,6 +65,19 @@ def test_rank_zero_measures_the_stale_mismatch_as_one_rank_does(tmp_path: Path) 
     assert got["mean_abs"] == pytest.approx(want["mean_abs"], rel=1e-5, abs=1e-9)
 
 
+def test_critic_and_reference_policy_match_the_single_rank_step(tmp_path: Path) -> None:
+    trajs = _trajectories()
+    # the critic's baseline is used from the second step (warmup_updates 1), the KL to a
+    # reference taken at the first step enters both
+    algo = AlgoConfig(kl_coef=0.1, critic=CriticConfig(enabled=True, warmup_updates=1))
+    ref_metrics, ref_state = single_rank(trajs, algo=algo)
+    ranks = run_ranks(2, trajs, tmp_path, algo=algo)
+    _assert_same_step(ranks, ref_metrics, ref_state)
+    for name in ("kl", "critic_loss"):
+        assert ranks[0]["metrics"][1][name] == pytest.approx(ref_metrics[1][name], rel=1e-5)
+    assert ranks[0]["metrics"][1]["critic_baseline"] and ref_metrics[1]["kl_source"] == "reference"
+
+
 def test_seq_mean_and_ppo_clip_match_the_single_rank_step(tmp_path: Path) -> None:
     trajs = _trajectories()
     algo = AlgoConfig(objective="ppo_clip", aggregation="seq_mean")
@@ -97,8 +111,6 @@ def test_micro_batches_are_shared_by_token_count_deterministically() -> None:
     ("section", "field", "value", "message"),
     [
         ("trainer", "num_gpus", 2, "trainer.num_gpus must be 1 or 0"),
-        ("algo", "kl_coef", 0.1, "algo.kl_coef must be 0"),
-        ("algo", "critic", {"enabled": True}, "algo.critic.enabled must be false"),
         ("engine", "weight_transport", "collective", "engine.weight_transport must be"),
     ],
 )
@@ -120,8 +132,13 @@ def test_config_accepts_data_parallel_on_cpus_and_on_one_gpu_per_rank() -> None:
         assert cfg.trainer.data_parallel == 4
 
 
-def test_trainer_refuses_what_does_not_run_sharded() -> None:
-    section = TrainerSection.model_validate(TRAINER)
-    with pytest.raises(ValueError, match=r"algo\.kl_coef"):
-        # refused before any collective: no process group is needed to get the error
-        Trainer(tiny_model(), section, AlgoConfig(kl_coef=0.1), data_parallel=object())  # type: ignore[arg-type]
+def test_only_the_native_model_is_sharded() -> None:
+    hf = {
+        "model": {"kind": "hf", "path": "/models/tiny"},
+        "engine": {"backend": "vllm"},
+        "trainer": {**TRAINER, "data_parallel": 2},
+    }
+    with pytest.raises(ValidationError, match=r"model\.kind must be native"):
+        JobConfig.model_validate(hf)
+    with pytest.raises(ValueError, match=r"model\.kind"):  # before any collective
+        shard_policy(torch.nn.Linear(2, 2), None)  # type: ignore[arg-type]
