@@ -119,8 +119,9 @@ class RankGroup:
             "resources": cfg.trainer.resources,
         }
         config = cfg.model_dump(mode="json")
+        start = TrainerRank.options(**options).remote  # type: ignore[attr-defined]
         self.followers = [
-            TrainerRank.options(**options).remote(config, rank, self.init_method, checkpoint)  # type: ignore[attr-defined]
+            start(config, rank, self.init_method, checkpoint)
             for rank in range(1, cfg.trainer.data_parallel)
         ]
 

@@ -206,11 +206,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for batch, w in zip(batches, weights, strict=True):
             self._micro_step(batch, w, outcome, use_critic, aux_scale, sums)
-        for _ in range(padding):  # FSDP's collectives need as many passes on every rank
-            with preserved_statistics(self.model):
-                pad = packed[min(range(len(packed)), key=lambda i: packed[i].num_tokens)]
-                w0 = torch.zeros(pad.num_policy_tokens, device=self.device)
-                self._micro_step(pad.to(self.device), w0, outcome, use_critic, 0.0, TokenSums())
+        if padding:  # FSDP's collectives need as many passes on every rank: weight 0
+            pad = min(packed, key=lambda b: b.num_tokens).to(self.device)
+            w0 = torch.zeros(pad.num_policy_tokens, device=self.device)
+            for _ in range(padding):
+                with preserved_statistics(self.model):
+                    self._micro_step(pad, w0, outcome, use_critic, 0.0, TokenSums())
         if self.dp is not None:
             reduce_token_sums(sums, self.dp.group)
             reduce_expert_load(self.model, self.dp.group)
@@ -332,7 +333,7 @@ class Trainer:
         if self.cfg.mtp_weight == 0:
             return None
         opts = self.logprob_options
-        per_depth = mtp_nll(self.model, h_Nd, batch, opts.valid_vocab, opts.chunk)  # type: ignore[arg-type]
+        per_depth = mtp_nll(self.model, h_Nd, batch, opts.valid_vocab, opts.chunk)
         heads_loss = mtp_loss(per_depth, w_P)
         return None if heads_loss is None else self.cfg.mtp_weight * heads_loss
 
@@ -473,7 +474,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.dp is not None:  # a collective: each rank keeps its shard of the full state
             load_full_state_dict(self.model, state["model"])  # type: ignore[arg-type]
-            load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])  # type: ignore[arg-type]
+            load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,12 @@ def _trajectories() -> list:  # type: ignore[type-arg]
     return engine_trajectories(tiny_model(), groups=3, group_size=2, turns=2)
 
 
-def _assert_same_step(ranks: list[dict], ref_metrics: list[dict], ref_state: dict) -> None:  # type: ignore[type-arg]
+Json = dict[str, Any]
+
+
+def _assert_same_step(
+    ranks: list[Json], ref_metrics: list[Json], ref_state: dict[str, torch.Tensor]
+) -> None:
     for out in ranks:
         assert out["state"].keys() == ref_state.keys()
         for key, ref in ref_state.items():
@@ -117,7 +123,7 @@ def test_micro_batches_are_shared_by_token_count_deterministically() -> None:
 def test_config_refuses_what_does_not_run_sharded(
     section: str, field: str, value: object, message: str
 ) -> None:
-    cfg: dict = {"model": {"preset": "tiny"}, "trainer": {**TRAINER, "data_parallel": 2}}  # type: ignore[type-arg]
+    cfg: Json = {"model": {"preset": "tiny"}, "trainer": {**TRAINER, "data_parallel": 2}}
     cfg.setdefault(section, {})[field] = value
     with pytest.raises(ValidationError, match=message.replace(".", r"\.")):
         JobConfig.model_validate(cfg)
