@@ -80,7 +80,7 @@ def run_job(
     logical = (
         cfg.engine.replicas * cfg.engine.num_cpus
         + cfg.rollout.workers * cfg.rollout.num_cpus
-        + cfg.trainer.num_cpus
+        + cfg.trainer.num_cpus * cfg.trainer.data_parallel  # rank 0 and its followers
     )
     init_ray(address, logical_cpus=logical + 1)
     cfg_dict = json.loads(cfg.model_dump_json())

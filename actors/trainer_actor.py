@@ -7,6 +7,11 @@ state dict (`weights()`, put in the object store once, read by every replica) or
 collective broadcast (`sync_*`, see `rlsys.actors.weight_publish`); checkpoints are
 written atomically by the core `Trainer`. The warm start and the critic's pre-training
 draw demonstrations from the task itself. An actor Ray gave a GPU trains there.
+
+With `trainer.data_parallel` N > 1 this actor is rank 0 of N FSDP2 ranks
+(`rlsys.actors.trainer_ranks`): it alone reads the stream and talks to the controller and
+the engines; every call that touches the sharded policy runs on all ranks together, and
+the weights it publishes (object store) are gathered full tensors, never shards.
 """
 
 from __future__ import annotations
@@ -22,31 +27,26 @@ class TrainerActor:
     def __init__(self, job_config: dict[str, Any], checkpoint: str | None, stream_url: str) -> None:
         import torch
 
+        from rlsys.actors.trainer_ranks import RankGroup, build_trainer, join_group
         from rlsys.actors.trajectory_inbox import TrajectoryInbox
         from rlsys.config.job import JobConfig
         from rlsys.engine.sync_group import GroupMember
         from rlsys.ledger.stream import open_stream
-        from rlsys.model.policy import build_policy
-        from rlsys.tokenizer import VOCAB_SIZE
-        from rlsys.trainer.trainer import Trainer
 
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
         self.cfg = JobConfig.model_validate(job_config)
-        torch.manual_seed(self.cfg.seed)
-        self.model = build_policy(self.cfg.model)  # model.kind: native or hf
-        if self.cfg.trainer.num_gpus > 0:  # Ray set CUDA_VISIBLE_DEVICES to this actor's GPU
-            self.model = self.model.to("cuda")
-        self.trainer = Trainer(
-            self.model,
-            self.cfg.trainer,
-            self.cfg.algo,
-            temperature=self.cfg.sampling.temperature,
-            valid_vocab=VOCAB_SIZE,  # the engine samples only tokenizer ids (sample_vocab)
-        )
+        restore = checkpoint if checkpoint and Path(checkpoint).exists() else None
+        self.ranks: RankGroup | None = None
+        data_parallel = None
+        if self.cfg.trainer.data_parallel > 1:  # the followers first: joining waits for them
+            self.ranks = RankGroup(self.cfg, restore)
+            data_parallel = join_group(self.cfg, self.ranks.init_method, 0)
+        self.trainer = build_trainer(self.cfg, data_parallel)
+        self.model = self.trainer.model
         self.sync = GroupMember()
         self.resumed_position: dict[str, Any] = {}
-        if checkpoint and Path(checkpoint).exists():
-            self.resumed_position = self.trainer.restore(checkpoint)
+        if restore is not None:  # the followers restore the same file in their __init__
+            self.resumed_position = self.trainer.restore(restore)
         self.inbox = TrajectoryInbox(open_stream(stream_url))
         # Whatever this trainer's predecessor read and did not commit comes back to us; what
         # the checkpoint says it consumed is acked (the crash may have preceded the ack).
@@ -89,8 +89,9 @@ class TrainerActor:
 
         ws = self.cfg.trainer.warm_start
         demos = self._demonstrations()
+        model = self._unsharded_copy() if self.ranks is not None else self.model
         losses = supervised_warm_start(
-            self.model,
+            model,
             demos,
             steps=ws.steps,
             lr=ws.lr,
@@ -103,17 +104,59 @@ class TrainerActor:
             lr_schedule=ws.lr_schedule,
             mtp_weight=self.cfg.trainer.mtp_weight,
         )
+        if self.ranks is not None:  # every rank takes its shard of the warm-started weights
+            self._load_full({k: v.detach().cpu() for k, v in model.state_dict().items()})
         return {"demonstrations": len(demos), "nll_first": losses[0], "nll_last": losses[-1]}
+
+    # ---- the data-parallel ranks (trainer.data_parallel > 1) ----------------------------------
+
+    def _full_state(self) -> dict[str, Any]:
+        """The policy's full weights on the CPU, gathered from every rank (a collective)."""
+        from rlsys.trainer.fsdp import full_state_dict
+
+        assert self.ranks is not None
+        return self.ranks.collective("gather", (), lambda: full_state_dict(self.model))
+
+    def _load_full(self, state: dict[str, Any]) -> None:
+        from rlsys.trainer.fsdp import load_full_state_dict
+
+        assert self.ranks is not None
+        ref = ray.put(state)  # once in the object store, read by every follower
+        self.ranks.collective("load_full", (ref,), lambda: load_full_state_dict(self.model, state))
+
+    def _unsharded_copy(self) -> Any:
+        """A plain model holding the policy's full weights: the supervised warm start runs
+        on it here, on rank 0 alone (it is not a data-parallel loop)."""
+        from rlsys.model.policy import build_policy
+
+        model = build_policy(self.cfg.model).to(self.trainer.device)
+        model.load_state_dict(self._full_state())
+        return model
 
     def pretrain_critic(self) -> dict[str, Any] | None:
         """`algo.critic.pretrain_steps` value-regression steps on the demonstrations."""
         from rlsys.trainer.critic_pretrain import pretrain_critic_on_demonstrations
 
-        return pretrain_critic_on_demonstrations(self.trainer, self._demonstrations())
+        demos = self._demonstrations()
+        if self.ranks is None:
+            return pretrain_critic_on_demonstrations(self.trainer, demos)
+        return self.ranks.collective(  # every rank fits the same replicated critic
+            "pretrain_critic",
+            (ray.put(demos),),
+            lambda: pretrain_critic_on_demonstrations(self.trainer, demos),
+        )
 
     def step(self, rollout_ids: list[str], timeout_s: float) -> dict[str, Any]:
         """Train on the trajectories of `rollout_ids`, read from the stream."""
-        out = self.trainer.train_step(self.inbox.take(rollout_ids, timeout_s)).as_dict()
+        trajectories = self.inbox.take(rollout_ids, timeout_s)
+        if self.ranks is None:
+            out = self.trainer.train_step(trajectories).as_dict()
+        else:  # every rank is given the same list (object store) and takes its share
+            out = self.ranks.collective(
+                "train_step",
+                (ray.put(trajectories),),
+                lambda: self.trainer.train_step(trajectories).as_dict(),
+            )
         out["entries"] = self.inbox.entry_ids(rollout_ids)
         return out
 
@@ -121,6 +164,8 @@ class TrainerActor:
         """Adopt the ledger's newest committed step (a checkpoint older than it lost the
         updates of the steps since, which stay counted: see `Controller._agree_on_step`)."""
         self.trainer.step, self.trainer.version = step, version
+        if self.ranks is not None:  # the learning-rate schedule and staleness read them
+            self.ranks.each("set_position", step, version)
 
     def held(self) -> list[str]:
         """Rollout ids whose entries this trainer holds, unacknowledged."""
@@ -132,6 +177,8 @@ class TrainerActor:
 
     def weights(self) -> dict[str, Any]:
         # Always CPU copies: the object store then needs no CUDA on the reader's side.
+        if self.ranks is not None:  # full tensors, gathered (native model: its state dict)
+            return self._full_state()
         state = self.model.engine_state_dict()  # the names and layout the engine loads
         return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
@@ -151,8 +198,15 @@ class TrainerActor:
         """Broadcast the current weights as `version`; returns the bytes sent."""
         from rlsys.engine.weight_sync import plan_buckets, send
 
+        # (not with trainer.data_parallel > 1: the config refuses the collective transport)
         state = self.model.state_dict()
         return send(state, plan_buckets(state), version)
 
     def checkpoint(self, path: str, stream_position: dict[str, Any]) -> str:
-        return str(self.trainer.save_checkpoint(path, stream_position))
+        if self.ranks is None:
+            return str(self.trainer.save_checkpoint(path, stream_position))
+        return str(  # every rank gathers, rank 0 writes
+            self.ranks.collective(
+                "checkpoint", (path,), lambda: self.trainer.save_checkpoint(path, stream_position)
+            )
+        )

@@ -254,7 +254,36 @@ class TrainerSection(_Section):
         description="Custom Ray resources per trainer actor; it is placed on a node "
         "that offers them.",
     )
+    data_parallel: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Trainer ranks, each a process holding a shard of the policy and of its "
+        "optimiser state (FSDP2, torch.distributed.fsdp.fully_shard) with trainer.num_gpus "
+        "GPUs: 1 (NCCL, a GPU per rank) or 0 (gloo on CPUs). Every rank runs its share of "
+        "each step's micro-batches; the loss and metrics are the whole batch's; engines "
+        "receive full weights (engine.weight_transport: object_store). 1: one unsharded "
+        "trainer.",
+    )
+    data_parallel_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Bound on every collective between trainer ranks: a dead or hung rank "
+        "fails the trainer (which the job restarts from its checkpoint), never hangs it.",
+    )
     warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+
+    @model_validator(mode="after")
+    def _data_parallel_fits(self) -> TrainerSection:
+        if self.data_parallel == 1:
+            return self
+        if self.num_gpus not in (0, 1):
+            raise ValueError(
+                f"trainer.data_parallel {self.data_parallel}: each rank is one process with "
+                f"one GPU (NCCL) or none (gloo), so trainer.num_gpus must be 1 or 0, not "
+                f"{self.num_gpus}"
+            )
+        return self
 
 
 class StoreSection(_Section):
@@ -359,9 +388,30 @@ class JobConfig(_Section):
                 "num_gpus must equal tp (or be 0: TP on the CPU)"
             )
         self._backend_fits_model()
+        self._data_parallel_supports()
         if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
             raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")
         return self
+
+    def _data_parallel_supports(self) -> None:
+        """What does not run sharded yet is refused here, by field (rlsys.trainer.fsdp)."""
+        if self.trainer.data_parallel == 1:
+            return
+        refused = {
+            "model.kind must be native (FSDP2 shards our Transformer's blocks)": (
+                self.model.kind != "native"
+            ),
+            # both the trainer ranks' group and the broadcast group are the process's
+            # default torch.distributed group (rlsys.engine.sync_group): one process has one
+            "engine.weight_transport must be object_store": (
+                self.engine.weight_transport == "collective"
+            ),
+        }
+        wrong = [why for why, bad in refused.items() if bad]
+        if wrong:
+            raise ValueError(
+                f"trainer.data_parallel {self.trainer.data_parallel}: " + "; ".join(wrong)
+            )
 
     def _backend_fits_model(self) -> None:
         serves = {"native": "native", "vllm": "hf"}  # engine backend -> the model kind it serves

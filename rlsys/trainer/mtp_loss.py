@@ -33,6 +33,7 @@ from rlsys import kernels
 from rlsys.model import Transformer
 from rlsys.model.attention import SeqSpan
 from rlsys.trainer.batch import PackedBatch
+from rlsys.trainer.fsdp import clip_grad_norm
 
 
 def _span_bounds(batch: PackedBatch) -> tuple[Tensor, Tensor]:
@@ -100,13 +101,15 @@ def mtp_loss(per_depth: list[tuple[Tensor, Tensor]], w_P: Tensor | None = None) 
     return torch.stack(terms).mean() if terms else None
 
 
-def clip_policy_and_mtp(model: Transformer, max_norm: float) -> Tensor:
+def clip_policy_and_mtp(model: Transformer, max_norm: float, sharded: bool = False) -> Tensor:
     """Clip the policy's gradient norm and the MTP heads' apart; returns the policy's.
 
-    One global clip would let the heads' gradient scale the policy's update."""
+    One global clip would let the heads' gradient scale the policy's update. `sharded`:
+    FSDP2 gradients, whose norm is reduced over ranks first (`fsdp.clip_grad_norm`)."""
+    clip = clip_grad_norm if sharded else torch.nn.utils.clip_grad_norm_
     heads = {id(p) for p in model.mtp.parameters()}
     policy = [p for p in model.parameters() if id(p) not in heads]
-    norm = torch.nn.utils.clip_grad_norm_(policy, max_norm)
+    norm = clip(policy, max_norm)
     if len(model.mtp):
-        torch.nn.utils.clip_grad_norm_(list(model.mtp.parameters()), max_norm)
+        clip(list(model.mtp.parameters()), max_norm)
     return norm

@@ -12,11 +12,15 @@ v's (before the step that makes v + 1, or right after the step that made v); ver
 older than `current - keep` are dropped, so the host holds at most `keep + 1` copies.
 A version taken after a resume from an older checkpoint is simply absent: its tokens are
 not measured, never compared with other weights.
+
+Data parallel: `take` is then a collective (`gather` all-gathers the full weights on every
+rank, each deciding alike whether to), and only the rank that measures (`store`) keeps the
+copy; the others keep the version's name alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -26,16 +30,26 @@ from rlsys.trajectory import Trajectory
 
 
 class VersionSnapshots:
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
+    def __init__(self, keep: int, store: bool = True) -> None:
+        self.keep, self.store = keep, store
         self.states: dict[int, dict[str, Tensor]] = {}
 
-    def take(self, version: int, model: Transformer) -> None:
-        """Record `model`'s weights as `version` (idempotent) and drop the expired ones."""
+    def take(
+        self,
+        version: int,
+        model: Transformer,
+        gather: Callable[[], dict[str, Tensor]] | None = None,
+    ) -> None:
+        """Record `model`'s weights as `version` (idempotent) and drop the expired ones.
+
+        `gather`: how to get the full weights on the host (default: the state dict)."""
         if version not in self.states:
-            self.states[version] = {
-                k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
-            }
+            state = (
+                gather()
+                if gather is not None
+                else {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            )
+            self.states[version] = state if self.store else {}
         for old in [v for v in self.states if v < version - self.keep]:
             del self.states[old]
 

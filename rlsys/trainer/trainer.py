@@ -15,10 +15,15 @@ Device: the trainer runs where the model's parameters are (CPU, or the GPU Ray g
 actor). Packing builds on CPU and moves each micro-batch once; log-probs it returns to
 callers are on CPU.
 
+Data parallel (`data_parallel`, FSDP2: `data_parallel.py`, `fsdp.py`): every rank calls
+`train_step` with the same trajectories and runs its share of the same micro-batches; the
+weights, `aux_scale` and advantages are the whole batch's, the gradients are summed over
+ranks, the metrics are global on every rank. Without it (or unsharded) nothing changes.
+
 Invariants: the loss of a batch does not depend on how it is split into micro-batches
-(per-token weights are computed over the whole batch); at staleness 0 with the engine's
-weights the recomputed log-probs equal the behaviour log-probs bitwise (replay off or
-`indices_and_gates`), so importance weights are exactly 1; a resumed trainer is the same
+or over ranks (per-token weights are computed over the whole batch); at staleness 0 with
+the engine's weights the recomputed log-probs equal the behaviour log-probs bitwise (replay
+off or `indices_and_gates`), so importance weights are exactly 1; a resumed trainer is the same
 trainer (model, optimisers, step, version, stream position, reference policy).
 """
 
@@ -41,12 +46,28 @@ from rlsys.algo.filters import Filtered, split_stale, split_zero_variance
 from rlsys.algo.objectives import per_token_terms
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
-from rlsys.model import AuxLosses
+from rlsys.model import AuxLosses, Transformer
 from rlsys.model.policy import PolicyModel
 from rlsys.trainer.batch import PackedBatch, micro_batches, pack
 from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlsys.trainer.critic import Critic
+from rlsys.trainer.data_parallel import (
+    DataParallel,
+    assign_micro_batches,
+    preserved_statistics,
+    reduce_count,
+    reduce_expert_load,
+    reduce_gradients,
+    reduce_token_sums,
+)
 from rlsys.trainer.forward import packed_hidden
+from rlsys.trainer.fsdp import (
+    full_optimizer_state,
+    full_state_dict,
+    load_full_optimizer_state,
+    load_full_state_dict,
+    shard_policy,
+)
 from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
 from rlsys.trainer.metrics import StepMetrics, TokenSums, candidate_set_sizes
 from rlsys.trainer.mtp_loss import clip_policy_and_mtp, mtp_loss, mtp_nll
@@ -79,6 +100,9 @@ class Trainer:
     `temperature` must be the engine's sampling temperature, and `valid_vocab` (default: the
     model's vocabulary) the ids it may sample, so that recomputed log-probs are over the same
     distribution. Tokens with a recorded candidate set use that set instead (replay).
+
+    `data_parallel`: shard the policy with FSDP2 over that mesh (every method that touches
+    the policy is then a collective: all ranks call it with the same arguments).
     """
 
     def __init__(
@@ -89,8 +113,12 @@ class Trainer:
         *,
         temperature: float = 1.0,
         valid_vocab: int | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.model, self.cfg, self.algo = model, cfg, algo
+        self.dp = data_parallel
+        if data_parallel is not None:
+            shard_policy(model, data_parallel.mesh)  # type: ignore[arg-type]
         model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(
@@ -101,7 +129,9 @@ class Trainer:
         )
         self.reference: PolicyModel | None = None  # snapshot taken at the first RL step
         # host copies of recent versions and a scratch model to recompute under them
-        self.snapshots = VersionSnapshots(keep=algo.max_staleness)
+        # under data parallel rank 0 measures the stale mismatch (the others gather with it)
+        measures = data_parallel is None or data_parallel.rank == 0
+        self.snapshots = VersionSnapshots(keep=algo.max_staleness, store=measures)
         self._scratch: PolicyModel | None = None
         self.step = 0
         self.version = 0
@@ -130,7 +160,7 @@ class Trainer:
                 "a trajectory with a NaN reward (a failed rollout) reached the trainer"
             )
         if self.cfg.mismatch_rollouts:
-            self.snapshots.take(self.version, self.model)  # the weights that version sampled
+            self._snapshot()  # the weights that version sampled
         kept, filtered = self._filter(trajectories)
         metrics = StepMetrics(self.step, self.version, len(kept), len(filtered))
         if trajectories:  # the behaviour policy's reward: every sample the step consumed
@@ -149,8 +179,10 @@ class Trainer:
             pack(items, version=self.version)
             for items in micro_batches(kept, self.cfg.micro_batch_tokens)
         ]
-        weights = [w.to(self.device) for w in self._token_weights(packed, len(kept))]
-        batches = [b.to(self.device) for b in packed]
+        mine, padding = self._share(packed)
+        all_weights = self._token_weights(packed, len(kept))
+        weights = [all_weights[i].to(self.device) for i in mine]
+        batches = [packed[i].to(self.device) for i in mine]
         outcome = torch.tensor(
             group_relative(
                 [t.reward for t in kept],
@@ -162,32 +194,44 @@ class Trainer:
         )
         use_critic = self.critic is not None and self.critic.ready
         if self.algo.kl_coef > 0 and self.reference is None:
-            self.reference = _frozen_copy(self.model)
+            self.reference = self._frozen_copy()
         clamp_before = _clamped(self.model)
 
         sums = TokenSums(has_reference=self.reference is not None)
-        total_rows = sum(b.num_tokens for b in batches)
+        total_rows = sum(b.num_tokens for b in packed)
         # The model's auxiliary losses are sums of per-sequence terms: averaging them over
         # the step's sequences keeps the step independent of the micro-batch split.
-        aux_scale = 1.0 / sum(len(b.spans) for b in batches)
+        aux_scale = 1.0 / sum(len(b.spans) for b in packed)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         for batch, w in zip(batches, weights, strict=True):
             self._micro_step(batch, w, outcome, use_critic, aux_scale, sums)
-        grad_norm = clip_policy_and_mtp(self.model, self.cfg.grad_clip)
+        if padding:  # FSDP's collectives need as many passes on every rank: weight 0
+            pad = min(packed, key=lambda b: b.num_tokens).to(self.device)
+            w0 = torch.zeros(pad.num_policy_tokens, device=self.device)
+            for _ in range(padding):
+                with preserved_statistics(self.model):
+                    self._micro_step(pad, w0, outcome, use_critic, 0.0, TokenSums())
+        if self.dp is not None:
+            reduce_token_sums(sums, self.dp.group)
+            reduce_expert_load(self.model, self.dp.group)
+        grad_norm = clip_policy_and_mtp(self.model, self.cfg.grad_clip, self.dp is not None)
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.update_balance()
         if self.critic is not None:
+            if self.dp is not None:  # a replicated module: its gradient summed over ranks
+                reduce_gradients(self.critic, self.dp.group)
             self.critic.update()
 
         self.step += 1
         self.version += 1
         if self.cfg.mismatch_rollouts:
-            self.snapshots.take(self.version, self.model)
-            self._stale_mismatch(kept, self.version - 1, sums)
+            self._snapshot()
+            if self.snapshots.store:  # rank 0 alone under data parallel: its metrics report
+                self._stale_mismatch(kept, self.version - 1, sums)
         if stream_position is not None:
             self.stream_position = dict(stream_position)
         sums.fill(metrics)
@@ -196,10 +240,33 @@ class Trainer:
         metrics.num_tokens = total_rows
         metrics.grad_norm = float(grad_norm)
         metrics.grad_clamp_clipped = _clamped(self.model) - clamp_before
+        if self.dp is not None:
+            metrics.grad_clamp_clipped = reduce_count(metrics.grad_clamp_clipped, self.dp.group)
         metrics.critic_baseline = use_critic
         metrics.step_s = time.perf_counter() - started
         metrics.tokens_per_s = total_rows / max(metrics.step_s, 1e-9)
         return StepResult(True, metrics, filtered, [t.rollout_id for t in kept])
+
+    def _plain_model(self) -> PolicyModel:
+        """An unsharded model of the policy's shape (recomputing in it is no collective);
+        its initial values are overwritten, so it must not draw from the global RNG."""
+        with torch.random.fork_rng(devices=[]):
+            return Transformer(self.model.cfg).to(self.device)  # type: ignore[attr-defined]
+
+    def _frozen_copy(self) -> PolicyModel:
+        """The reference policy: a frozen copy of the current weights (sharded as the
+        policy is under data parallel: gathered once, then each rank keeps its shard)."""
+        if self.dp is None:
+            return _frozen_copy(self.model)
+        ref = self._plain_model()
+        ref.load_state_dict(full_state_dict(self.model))
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return shard_policy(ref, self.dp.mesh).eval()  # type: ignore[arg-type]
+
+    def _snapshot(self) -> None:
+        gather = (lambda: full_state_dict(self.model)) if self.dp is not None else None
+        self.snapshots.take(self.version, self.model, gather)  # type: ignore[arg-type]
 
     def _filter(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Filtered]]:
         kept, dropped = split_stale(trajs, self.version, self.algo.max_staleness)
@@ -207,6 +274,14 @@ class Trainer:
             kept, zero = split_zero_variance(kept)
             dropped += zero
         return kept, dropped
+
+    def _share(self, packed: list[PackedBatch]) -> tuple[list[int], int]:
+        """This rank's micro-batches (indices into `packed`) and its padding passes."""
+        if self.dp is None:
+            return list(range(len(packed))), 0
+        shares = assign_micro_batches([b.num_tokens for b in packed], self.dp.world_size)
+        mine = shares[self.dp.rank]
+        return mine, max(len(s) for s in shares) - len(mine)
 
     def _token_weights(self, batches: list[PackedBatch], num_samples: int) -> list[Tensor]:
         sample_P = torch.cat([b.sample_P for b in batches])
@@ -240,16 +315,27 @@ class Trainer:
         pg = (pg_P * w_P).sum()
         kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros((), device=self.device)
         loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
-        loss.backward()
-        if self.cfg.mtp_weight > 0:  # its own graph: the heads' parameters only (mtp_loss.py)
-            opts = self.logprob_options
-            per_depth = mtp_nll(self.model, h_Nd, batch, opts.valid_vocab, opts.chunk)
-            heads_loss = mtp_loss(per_depth, w_P)
-            if heads_loss is not None:
-                (self.cfg.mtp_weight * heads_loss).backward()
+        if self.dp is None:
+            loss.backward()
+            heads = self._mtp_loss(h_Nd, batch, w_P)
+            if heads is not None:
+                heads.backward()
+        else:  # one backward: FSDP reshards the root (LM head, embedding) when it ends
+            heads = self._mtp_loss(h_Nd, batch, w_P)
+            (loss if heads is None else loss + heads).backward()
         weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
         fresh_P = batch.versions_P.to(out.logp_P.device) == self.version
         sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted, fresh_P)
+
+    def _mtp_loss(self, h_Nd: Tensor, batch: PackedBatch, w_P: Tensor) -> Tensor | None:
+        """The MTP heads' weighted loss: its own graph over detached inputs, so it trains
+        the heads' parameters only (`mtp_loss.py`); None when off or without targets."""
+        if self.cfg.mtp_weight == 0:
+            return None
+        opts = self.logprob_options
+        per_depth = mtp_nll(self.model, h_Nd, batch, opts.valid_vocab, opts.chunk)
+        heads_loss = mtp_loss(per_depth, w_P)
+        return None if heads_loss is None else self.cfg.mtp_weight * heads_loss
 
     def _log_probs(self, model: PolicyModel, h_Pd: Tensor, batch: PackedBatch) -> PolicyLogProbs:
         return policy_log_probs(
@@ -286,6 +372,8 @@ class Trainer:
         mode so MoE load statistics are not touched. `version`: the weights `model` holds, so
         rows that version recomputed replay its routes (`pack`).
         """
+        # Under data parallel a collective (FSDP gathers each unit): every rank calls it
+        # with the same arguments and computes every trajectory.
         mode = replay or self.cfg.replay_experts
         blocks = self.cfg.replay_selections if selections is None else selections
         model = model if model is not None else self.model
@@ -308,7 +396,7 @@ class Trainer:
         if not sample:
             return
         if self._scratch is None:
-            self._scratch = copy.deepcopy(self.model)
+            self._scratch = copy.deepcopy(self.model) if self.dp is None else self._plain_model()
         columns = [policy_columns(t) for t in sample]
         versions = sorted({v for vs, _ in columns for v in vs.tolist()} - {version})
         for v in (v for v in versions if v in self.snapshots):
@@ -321,7 +409,10 @@ class Trainer:
     # ---- critic pre-training -----------------------------------------------------------------
 
     def pretrain_critic(self, trajectories: Sequence[Trajectory], steps: int) -> list[float]:
-        """Fit the critic to the returns of collected trajectories; the policy is untouched."""
+        """Fit the critic to the returns of collected trajectories; the policy is untouched.
+
+        Under data parallel a collective: every rank runs the whole (same) computation, so
+        the replicated critic stays the same on every rank."""
         assert self.critic is not None, "algo.critic.enabled is off"
         losses = []
         batches = [
@@ -357,9 +448,16 @@ class Trainer:
     # ---- state ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """Under data parallel a collective; the model's and the optimiser's tensors are
+        then full (gathered), the optimiser's keyed by parameter name."""
+        sharded = self.dp is not None
         state: dict[str, Any] = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": full_state_dict(self.model) if sharded else self.model.state_dict(),
+            "optimizer": (
+                full_optimizer_state(self.model, self.optimizer)  # type: ignore[arg-type]
+                if sharded
+                else self.optimizer.state_dict()
+            ),
             "step": self.step,
             "version": self.version,
             "stream_position": dict(self.stream_position),
@@ -368,28 +466,46 @@ class Trainer:
             state["critic"] = self.critic.state_dict()
             state["critic_optimizer"] = self.critic.optimizer.state_dict()
         if self.reference is not None:
-            state["reference"] = self.reference.state_dict()
+            state["reference"] = (
+                full_state_dict(self.reference) if sharded else self.reference.state_dict()
+            )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dp is not None:  # a collective: each rank keeps its shard of the full state
+            load_full_state_dict(self.model, state["model"])  # type: ignore[arg-type]
+            load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.version = int(state["step"]), int(state["version"])
         self.stream_position = dict(state["stream_position"])
         if self.critic is not None and "critic" in state:
             self.critic.load_state_dict(state["critic"])
             self.critic.optimizer.load_state_dict(state["critic_optimizer"])
         if "reference" in state:
-            self.reference = _frozen_copy(self.model)
-            self.reference.load_state_dict(state["reference"])
+            self.reference = self._frozen_copy()
+            if self.dp is not None:
+                load_full_state_dict(self.reference, state["reference"])  # type: ignore[arg-type]
+            else:
+                self.reference.load_state_dict(state["reference"])
 
     def save_checkpoint(
         self, path: str | Path, stream_position: dict[str, Any] | None = None
     ) -> Path:
-        """Atomically write everything a resumed trainer needs (see `checkpoint.py`)."""
+        """Atomically write everything a resumed trainer needs (see `checkpoint.py`).
+
+        Under data parallel a collective: every rank gathers, rank 0 writes, and no rank
+        returns before the file is in place."""
         if stream_position is not None:
             self.stream_position = dict(stream_position)
-        return save_checkpoint(path, self.state_dict())
+        state = self.state_dict()
+        if self.dp is None:
+            return save_checkpoint(path, state)
+        if self.dp.rank == 0:
+            save_checkpoint(path, state)
+        torch.distributed.barrier(group=self.dp.group)
+        return Path(path)
 
     def restore(self, path: str | Path) -> dict[str, Any]:
         """Load a checkpoint into this trainer; returns the stream position it recorded."""

@@ -1,0 +1,107 @@
+"""Run a data-parallel `Trainer` in `world_size` real processes (torch.multiprocessing spawn).
+
+Each rank joins a real process group (gloo on CPU, NCCL on CUDA), builds the same tiny
+model from the same seed, is given the same trajectories, takes `steps` train steps and
+writes its metrics and the gathered full state (`full_state_dict`) to `out/rank{r}.pt`.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rlsys.config.algo import AlgoConfig
+from rlsys.config.job import TrainerSection
+from rlsys.trainer import Trainer
+from rlsys.trainer.data_parallel import init_data_parallel
+from rlsys.trainer.fsdp import full_state_dict
+from rlsys.trajectory import Trajectory
+from tests.trainer.helpers import tiny_model
+
+# Small micro-batches (several per rank); the MTP heads train (the tiny preset has one).
+TRAINER = {"mtp_weight": 0.1, "mismatch_rollouts": 0, "micro_batch_tokens": 64}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(
+    rank: int,
+    world_size: int,
+    port: int,
+    device: str,
+    trajs: list[Trajectory],
+    trainer_cfg: dict[str, Any],
+    algo: AlgoConfig,
+    steps: int,
+    out: str,
+    checkpoint: tuple[str | None, str | None],
+) -> None:
+    torch.set_num_threads(1)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dp = init_data_parallel(device, f"tcp://127.0.0.1:{port}", rank, world_size, 60.0)
+    try:
+        model = tiny_model().to(device)
+        trainer = Trainer(model, TrainerSection.model_validate(trainer_cfg), algo, data_parallel=dp)
+        restore_from, save_to = checkpoint
+        if restore_from is not None:
+            trainer.restore(restore_from)
+        metrics = [trainer.train_step(trajs).metrics.as_dict() for _ in range(steps)]
+        state = full_state_dict(trainer.model)
+        if save_to is not None:
+            trainer.save_checkpoint(save_to)
+        torch.save({"metrics": metrics, "state": state}, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(
+    world_size: int,
+    trajs: list[Trajectory],
+    out: Path,
+    *,
+    device: str = "cpu",
+    algo: AlgoConfig | None = None,
+    steps: int = 2,
+    restore_from: Path | None = None,
+    save_to: Path | None = None,
+    **trainer_cfg: Any,
+) -> list[dict[str, Any]]:
+    """Every rank's {"metrics": [per step], "state": full state dict} after `steps`
+    (after restoring `restore_from` first; then saving a checkpoint to `save_to`)."""
+    cfg = {**TRAINER, **trainer_cfg}
+    paths = tuple(str(p) if p is not None else None for p in (restore_from, save_to))
+    args = (world_size, free_port(), device, trajs, cfg, algo or AlgoConfig(), steps, str(out))
+    args += (paths,)
+    mp.start_processes(_rank, args=args, nprocs=world_size, join=True, start_method="spawn")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def single_rank(
+    trajs: list[Trajectory],
+    *,
+    algo: AlgoConfig | None = None,
+    steps: int = 2,
+    device: str = "cpu",
+    **trainer_cfg: Any,
+) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """The same steps on one unsharded trainer: (metrics per step, state dict on the CPU)."""
+    torch.set_num_threads(1)
+    trainer = Trainer(
+        tiny_model().to(device),
+        TrainerSection.model_validate({**TRAINER, **trainer_cfg}),
+        algo or AlgoConfig(),
+    )
+    metrics = [trainer.train_step(trajs).metrics.as_dict() for _ in range(steps)]
+    return metrics, {
+        k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()
+    }
