@@ -62,7 +62,14 @@ def shard_policy(model: Transformer, mesh: DeviceMesh) -> Transformer:
             unit.set_force_sum_reduction_for_comms(True)
             # a rank whose micro-batches leave a parameter without gradient still takes
             # part in that reduce-scatter (with zeros), so the collectives stay matched
-            unit.set_reduce_scatter_unused_params(True, recurse=False)
+            if hasattr(unit, "set_reduce_scatter_unused_params"):
+                unit.set_reduce_scatter_unused_params(True, recurse=False)
+            elif mesh.size() > 1:  # (torch 2.11 has no such switch; one rank needs none)
+                raise RuntimeError(
+                    "trainer.data_parallel > 1 needs a torch whose FSDP2 can reduce-scatter "
+                    "unused parameters (FSDPModule.set_reduce_scatter_unused_params; the "
+                    f"project's torch 2.13 has it, this is {torch.__version__})"
+                )
     return model
 
 
