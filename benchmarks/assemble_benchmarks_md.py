@@ -30,6 +30,7 @@ ORDER = [
     "gpu_engine",
     "gpu_graphs",
     "gpu_job",
+    "gpu_one_h200",
 ]
 
 
