@@ -31,6 +31,7 @@ ORDER = [
     "gpu_graphs",
     "gpu_job",
     "gpu_one_h200",
+    "gpu_linear_split",
 ]
 
 

@@ -14,12 +14,15 @@ the host), and HBM utilisation = bytes a decode step must read (every weight a s
 seconds are skipped (the device machine's calls are bounded). `--capture start` (the
 engine's default) captures every graph of the ladder when the runner is built: the table's
 "capture s" column is that start-up cost, and the max step then holds no capture stall;
-`lazy` captures each graph on its first use, inside a timed step.
+`lazy` captures each graph on its first use, inside a timed step. `--kernels plain` runs
+the dense projections through cuBLAS (`F.linear`: free reductions, the anchor of the
+invariance tax; experts and attention keep their kernels), `invariant` the engine's own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -28,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_engine import plain_kernels  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
 from rlsys.engine.api import GenerationRequest, SamplingParams  # noqa: E402
 from rlsys.engine.config import EngineConfig  # noqa: E402
@@ -140,6 +144,7 @@ def main() -> None:
     parser.add_argument("--tp", default="1", help="comma list of TP degrees (NCCL, one GPU each)")
     parser.add_argument("--reduce", default="tree", help="comma list: tree (invariant), allreduce")
     parser.add_argument("--budget-s", type=float, default=1e9)
+    parser.add_argument("--kernels", default="invariant", help="comma list: invariant, plain")
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -151,45 +156,48 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}"
     )
     print(
-        "\n| TP | reduction | graphs | batch | context | decode tokens/s | step ms (median / max) "
+        "\n| kernels | TP | reduction | graphs | batch | context | decode tokens/s | step ms (median / max) "
         "| forward share | HBM util | graph replays | graphs captured (s) |"
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for prompt in (int(p) for p in args.prompts.split(",")):
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for kernels, prompt in (
+        (k, int(p)) for k in args.kernels.split(",") for p in args.prompts.split(",")
+    ):
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
                 for graphs in args.graphs.split(",") if tp == 1 else ["off"]:
                     for batch in (int(b) for b in args.batches.split(",")):
+                        head = f"| {kernels} | {tp} | {reduce} | {graphs} | {batch} | {prompt} "
                         if time.perf_counter() - started > args.budget_s:
-                            print(
-                                f"| {tp} | {reduce} | {graphs} | {batch} | {prompt} | skipped (budget) |"
-                            )
+                            print(head + "| skipped (budget) |")
                             continue
-                        ecfg, runner = make(
-                            model, batch, prompt, args, tp, reduce if tp > 1 else "tree",
-                            graphs == "on",
-                        )  # fmt: skip
-                        captured = getattr(runner, "graphs", None)
-                        capture = (
-                            f"{len(captured.graphs)} ({captured.capture_s:.1f})"
-                            if captured is not None
-                            else "-"
+                        row = measure(
+                            model, args, kernels, tp, reduce, graphs == "on", batch, prompt
                         )
-                        try:
-                            r = run(model, batch, prompt, runner, ecfg, args.gen)
-                            if captured is not None and args.capture == "lazy":
-                                capture = f"{len(captured.graphs)} ({captured.capture_s:.1f})"
-                        finally:
-                            runner.close()
-                            del runner
-                            torch.cuda.empty_cache()
-                        print(
-                            f"| {tp} | {reduce} | {graphs} | {batch} | {prompt} | {r['tok_s']:.0f} "
-                            f"| {r['step_ms']:.1f} ({r['median_ms']:.1f} / {r['max_ms']:.0f}) "
-                            f"| {r['forward_share']:.0%} | {r['hbm']:.1%} | {r['replays']} "
-                            f"| {capture} |",
-                            flush=True,
-                        )
+                        print(head + row, flush=True)
+
+
+def measure(  # noqa: PLR0913
+    model: Transformer, args: argparse.Namespace, kernels: str, tp: int, reduce: str,
+    graphs: bool, batch: int, prompt: int,
+) -> str:  # fmt: skip
+    """One table row (after its first cells): build the runner, decode, tear it down."""
+    # the swap covers the runner's construction: graphs captured at start record what runs
+    swap = plain_kernels() if kernels == "plain" else contextlib.nullcontext()
+    with swap:
+        ecfg, runner = make(model, batch, prompt, args, tp, reduce if tp > 1 else "tree", graphs)
+        captured = getattr(runner, "graphs", None)
+        try:
+            r = run(model, batch, prompt, runner, ecfg, args.gen)
+        finally:
+            runner.close()
+            del runner
+            torch.cuda.empty_cache()
+    capture = f"{len(captured.graphs)} ({captured.capture_s:.1f})" if captured is not None else "-"
+    return (
+        f"| {r['tok_s']:.0f} | {r['step_ms']:.1f} ({r['median_ms']:.1f} / {r['max_ms']:.0f}) "
+        f"| {r['forward_share']:.0%} | {r['hbm']:.1%} | {r['replays']} | {capture} |"
+    )
 
 
 if __name__ == "__main__":

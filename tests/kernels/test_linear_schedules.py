@@ -1,0 +1,105 @@
+"""The batch-invariant linear's two schedules give the same bits.
+
+`serial` adds a tile's K chunks inside one program; `split` gives every (tile, chunk) a
+program and adds the chunk products in a second kernel. Which one runs depends on the
+number of rows (decode batches split), so a row's value may only stay the same for every
+batch size if the two schedules agree bitwise, for every product the model runs: the
+column products, the row-parallel tree, and the grouped (MoE) products.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from rlsys.kernels.triton_ops.linear import (  # noqa: E402
+    column_chunks,
+    expert_tiles,
+    grouped_tree_fwd,
+    linear_fwd,
+    linear_tree_fwd,
+    split_chosen,
+    swiglu_fwd,
+)
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+# (rows, K, N): the interpreter runs small shapes; the GPU a decode batch at `large` width
+SHAPES = [(5, 256, 40), (70, 512, 24)] + ([(64, 1024, 1024), (1, 2048, 320)] if CUDA else [])
+
+
+def _rand(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_column_product_schedules_agree_bitwise(
+    shape: tuple[int, int, int], dtype: torch.dtype
+) -> None:
+    m, k, n = shape
+    x, w = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype)
+    assert column_chunks(k) > 1  # a tree: the split schedule has chunks to spread
+    serial = linear_fwd(x, w, schedule="serial")
+    assert torch.equal(linear_fwd(x, w, schedule="split"), serial)
+    tol = 1e-4 if dtype == torch.float32 else 6e-2
+    torch.testing.assert_close(serial.float(), x.float() @ w.float().T, atol=tol * 10, rtol=tol)
+    w3 = _rand(n, k, dtype=dtype)
+    assert torch.equal(
+        swiglu_fwd(x, w, w3, schedule="split"), swiglu_fwd(x, w, w3, schedule="serial")
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_chunks", [2, 4, 8])
+def test_row_parallel_tree_schedules_agree_bitwise(n_chunks: int, dtype: torch.dtype) -> None:
+    x, w = _rand(33, 256, dtype=dtype), _rand(48, 256, dtype=dtype)
+    serial = linear_tree_fwd(x, w, n_chunks, schedule="serial")
+    assert torch.equal(linear_tree_fwd(x, w, n_chunks, schedule="split"), serial)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_expert_schedules_agree_bitwise(dtype: torch.dtype) -> None:
+    e, h, d = 4, 64, 256
+    w1, w3, w2 = (
+        _rand(e, h, d, dtype=dtype),
+        _rand(e, h, d, dtype=dtype),
+        _rand(e, d, h, dtype=dtype),
+    )
+    counts = torch.tensor([5, 0, 70, 3], device=DEV)
+    x = _rand(int(counts.sum()), d, dtype=dtype)
+    tiles = expert_tiles(counts, 10)
+    hidden = swiglu_fwd(x, w1, w3, tiles, schedule="serial")
+    assert torch.equal(swiglu_fwd(x, w1, w3, tiles, schedule="split"), hidden)
+    out = grouped_tree_fwd(hidden, w2, tiles, 8, schedule="serial")
+    assert torch.equal(grouped_tree_fwd(hidden, w2, tiles, 8, schedule="split"), out)
+
+
+def test_a_row_keeps_its_bits_when_the_batch_changes_schedule() -> None:
+    """A decode-sized batch (split) and a prefill-sized one (serial) give a row one value."""
+    k, n = 256, 64
+    w = _rand(n, k, dtype=torch.float32)
+    big = _rand(64 * 140, k, dtype=torch.float32) if CUDA else _rand(130, k, dtype=torch.float32)
+    device = torch.device(DEV)
+    tiles_big = -(-big.shape[0] // 64)  # one column tile: N = 64 <= BN
+    if not CUDA:
+        big_schedule = "serial"  # the interpreter would take minutes over 140 tiles
+    else:
+        big_schedule = "auto"
+        assert not split_chosen(tiles_big, column_chunks(k), device)
+    assert split_chosen(1, column_chunks(k), device)  # one tile: auto splits
+    whole = linear_fwd(big, w, schedule=big_schedule)
+    one = linear_fwd(big[7:8], w)
+    assert torch.equal(one, whole[7:8])
+
+
+def test_the_tree_width_depends_on_k_alone_and_a_bad_schedule_is_named() -> None:
+    assert [column_chunks(k) for k in (32, 96, 128, 256, 512, 1024, 2048, 1000)] == [
+        1, 1, 1, 2, 4, 8, 8, 4
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="'parallel'"):
+        split_chosen(4, 8, torch.device(DEV), "parallel")
+    assert not split_chosen(4, 1, torch.device(DEV), "split")  # one chunk: nothing to split
