@@ -64,9 +64,9 @@ def _step(
 ):  # fmt: skip
     """acc + x[rm, k] @ w[rn, k].T for k in [k0 + kk, k0 + kk + BK) within [k0, k0 + k_len).
 
-    x_ptr / w_ptr point at the tile's first row / column (int64 arithmetic once, on the
-    host side of the tile); rm / rn are tile-local int32 indices: full-tile int64 pointer
-    tensors cost registers that spilled (255 registers and 360 B of stack per thread).
+    x_ptr / w_ptr point at the tile's first row / column (int64 arithmetic once per tile);
+    rm / rn are tile-local int32 indices: full-tile int64 pointer tensors cost registers
+    (the 8-chunk tree spilled: BENCHMARKS, "The batch-invariant linear split over K").
     EVEN: BK divides the chunk, so no K mask, and the offset is declared a multiple of BK:
     without that the compiler cannot prove the loads aligned, does not vectorise them and
     does not pipeline the loop (seen in the TTGIR: no async copies)."""
