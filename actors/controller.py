@@ -20,8 +20,13 @@ Invariants kept here:
   are ended in the ledger if the crash came before that, and an unfinished step is redone;
   the ledger's step numbering goes on (`_agree_on_step`); checkpoints are written every
   `trainer.checkpoint_every` steps, at the last step, and at a stop;
-- when the loop ends, for whatever reason, `finish_job` names a state for every rollout
-  still live (a stopped job parks its scored ones for a resume), so `lost` is 0.
+- every finished group is sifted (`Planner.sift`): one without a learning signal is ended
+  `filtered_zero_variance` here and replaced by a new group, so the trainer gets
+  `trainer.groups_per_step` informative groups per step, within the generation bound;
+- the loop ends with a named end, never a bare crash for a known cause (`JobEnd`): the
+  steps done, the task solved, no learning signal, every replica dead, a systematic
+  failure; `run` returns the status and reason and the driver ends the job in the ledger
+  with them (`rlsys.actors.job_lifetime`), naming a state for every live rollout.
 """
 
 from __future__ import annotations
@@ -35,16 +40,18 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rlsys.actors.failures import FailureHandler, Recovery
+from rlsys.actors.failures import FailureHandler, Recovery, SystematicFailure
+from rlsys.actors.groups import Group
+from rlsys.actors.job_end import JobEnd, describe_crash
 from rlsys.actors.messages import Assignment, RolloutReport, StepReport, TrainerPosition
-from rlsys.actors.planner import Planner
+from rlsys.actors.planner import Planner, task_index_of
 from rlsys.actors.serving_metrics import serving_metrics
 from rlsys.actors.step_commit import StepCommitter, trainer_position
 from rlsys.actors.weight_publish import make_publisher
 from rlsys.config.job import JobConfig
-from rlsys.ledger.queries import last_trainer_step, parked_rollouts, stats
-from rlsys.ledger.reconcile import finish_job
-from rlsys.ledger.records import new_id
+from rlsys.ledger.queries import last_trainer_step, parked_rollouts, stats, task_rewards
+from rlsys.ledger.reconcile import retry_ended
+from rlsys.ledger.records import Transition, new_id
 from rlsys.ledger.store import Ledger
 from rlsys.types import RolloutState as S
 
@@ -72,6 +79,8 @@ class RunStats:
     stale_filtered: int = 0
     redelivered: int = 0  # stream entries handed again to a (re)started trainer
     replicas_dropped: list[str] = field(default_factory=list)  # died, found by a publication
+    stream_retries: int = 0  # publishes workers retried while the stream was unreachable
+    stream_failed: int = 0  # rollouts ended failed_stream (the stream down past the window)
     started: float = field(default_factory=time.time)
 
 
@@ -97,7 +106,12 @@ class Controller:
         self.run_dir = run_dir
         self.step, self.version = start.step, start.version
         self.on_step, self.should_stop = on_step or (lambda m: None), should_stop
-        self.planner = Planner(cfg, job_id, ledger, seed_step=start.step)
+        history = [
+            (index, reward)
+            for task, reward in task_rewards(ledger, job_id)
+            if (index := task_index_of(task)) is not None
+        ]
+        self.planner = Planner(cfg, job_id, ledger, seed_step=start.step, history=history)
         self.planner.version = start.version
         self.failures = FailureHandler(cfg, job_id, ledger, self.planner.book)
         self.committer = StepCommitter(ledger, job_id)
@@ -123,10 +137,14 @@ class Controller:
         parked = parked_rollouts(self.ledger, self.job_id)
         self.planner.adopt_parked(parked)
         self.committer.buffered.update(r for r, _, state, _ in parked if state == S.BUFFERED)
-        # Entries the stream redelivered for rollouts that are not parked ended while the
-        # last run stopped (cancelled mid-publish): acknowledge them, train nothing twice.
-        keep = {r for r, *_ in parked}
-        orphans = [r for r in ray.get(self.h.trainer.held.remote()) if r not in keep]
+        self._ack_orphans()
+
+    def _ack_orphans(self) -> None:
+        """Entries a (re)started trainer holds for rollouts that are no longer live (ended
+        while the last trainer or run stopped, filtered here, cancelled mid-publish) are
+        acknowledged: nothing is trained twice, and the stream is trimmed."""
+        live = {r for r, *_ in parked_rollouts(self.ledger, self.job_id)}
+        orphans = [r for r in ray.get(self.h.trainer.held.remote()) if r not in live]
         if orphans:
             ray.get(self.h.trainer.commit.remote([], orphans))
 
@@ -154,11 +172,45 @@ class Controller:
             self.stats.task_errors += 1
             self._recover(self.failures.task_error(worker, a, err.cause or err))
             return
+        self.stats.stream_retries += report.stream_retries
         if report.state == S.SCORED.value:
             self.failures.succeeded()
-            self.planner.book.scored(report.rollout_id)
+            self.planner.scored(report)
         else:
-            self.failures.rollout_failed(report)
+            self.planner.failed()
+            try:
+                self.failures.rollout_failed(report)
+            except SystematicFailure as err:
+                raise JobEnd("failed", str(err)) from err
+            if report.state == S.FAILED_STREAM.value:
+                self._retry_stream_failure(a)
+        self._sift()
+
+    def _retry_stream_failure(self, a: Assignment) -> None:
+        """The stream stayed unreachable past the worker's retry window: the rollout ended
+        `failed_stream`; a linked retry takes its place in the group."""
+        self.stats.stream_failed += 1
+        retries = retry_ended(
+            self.ledger, self.job_id, [a.rollout_id], max_attempts=self.cfg.rollout.max_attempts
+        )
+        retry = retries.get(a.rollout_id)
+        if retry is None or a.rollout_id not in self.planner.book.group_of:
+            return
+        self.planner.book.failed(a.rollout_id, retry)
+        if self.planner.book.group_of.get(retry) in self.planner.book.groups:
+            self.pending.append(Assignment(retry, a.group_id, a.task_index, new_id("s")))
+
+    def _sift(self) -> None:
+        """End the finished groups that carry no learning signal; planning replaces them."""
+        dropped: list[tuple[Group, str]] = self.planner.sift()
+        ends = [
+            Transition(rid, S.FILTERED_ZERO_VARIANCE, reason=reason)
+            for group, reason in dropped
+            for rid in sorted(group.members)
+        ]
+        if ends:
+            self.ledger.apply(ends)
+            self.discard += [t.rollout_id for t in ends]  # the trainer acks their entries
 
     def _on_worker_death(self, worker: str, first: Assignment) -> None:
         if worker not in self.h.workers:
@@ -182,6 +234,7 @@ class Controller:
     def _recover(self, recovery: Recovery) -> None:
         self.pending = recovery.dispatch + self.pending
         self.discard += recovery.ended
+        self._sift()  # a failure can complete a group
 
     # -- training ----------------------------------------------------------------------------
     def _maybe_start_step(self) -> None:
@@ -220,20 +273,26 @@ class Controller:
         self.stats.stale_filtered += self.committer.commit(batch, report.filtered, self.version)
         self._ack(batch)
         if metrics is None:
-            # Everything was filtered: no new version, nothing to publish. A run of such
-            # batches means no learning signal at all; end loudly instead of spinning.
+            # Everything was filtered (stale, or by the trainer's own filter): no new
+            # version, nothing to publish. A run of such batches ends the job, named.
             self.unstepped += 1
             if self.unstepped >= MAX_UNSTEPPED_BATCHES:
-                raise RuntimeError(
-                    f"no learning signal: {self.unstepped} batches in a row were entirely "
-                    "filtered (zero reward variance or stale); the task is too hard or too "
-                    "easy for this policy"
+                raise JobEnd(
+                    "failed",
+                    f"no learning signal: the trainer filtered all of {self.unstepped} batches "
+                    "in a row (stale or equal rewards)",
                 )
             return
         self.unstepped = 0
         self.broadcast_weights()
         self.stats.steps.append(metrics)
         self.on_step({**metrics, "job_id": self.job_id})
+        if self.step < self.cfg.trainer.steps:
+            try:
+                self.planner.raise_if_solved()
+            except JobEnd:
+                self._checkpoint_now()  # the solved policy, kept whatever checkpoint_every is
+                raise
 
     def _retry_step(self, err: RayTaskError) -> None:
         """The step raised inside a live trainer (e.g. the stream unreachable for a while):
@@ -241,7 +300,11 @@ class Controller:
         backoff; a persistent error ends the job."""
         self.step_errors += 1
         if self.step_errors > MAX_STEP_ERRORS:
-            raise RuntimeError(f"the trainer's step failed {MAX_STEP_ERRORS} times") from err
+            raise JobEnd(
+                "failed",
+                f"the trainer's step failed {MAX_STEP_ERRORS} times in a row; last: "
+                + describe_crash(err.cause or err),
+            ) from err
         time.sleep(min(10.0, 0.5 * 2 ** (self.step_errors - 1)))
         self.train_ref = self.h.trainer.step.remote(self.train_batch, STREAM_WAIT_S)
 
@@ -264,8 +327,13 @@ class Controller:
     def _step_metrics(self, report: StepReport, samples: int) -> dict[str, Any]:
         elapsed = time.time() - self.stats.started
         self.samples += samples
+        profiles = self.planner.profiles
         return {
             **report.metrics,
+            **self.planner.closed.as_metrics(),
+            "filtered_stale": sum(f.state == S.FILTERED_STALE.value for f in report.filtered),
+            "task_pass_rate": profiles.pass_rate(),
+            "prompt_mix": profiles.mix(),
             "step": self.step,
             "policy_version": self.version,
             "drop_rate": stats(self.ledger, self.job_id)["drop_rate"],
@@ -317,6 +385,7 @@ class Controller:
         self.train_ref = None
         batch = [r for r in self.train_batch if r not in recovered]
         self.train_batch = []
+        self._ack_orphans()
         if batch:  # the unfinished step, redone on the same rollouts (still `buffered`)
             self.train_batch = batch
             self.train_ref = self.h.trainer.step.remote(batch, STREAM_WAIT_S)
@@ -339,44 +408,41 @@ class Controller:
             ray.get(self.h.admission.mark_dead.remote(rid))
             self.stats.replicas_dropped.append(rid)
         if not self.h.replicas:
-            raise RuntimeError("every engine replica has died")
+            raise JobEnd("failed", "every engine replica has died")
 
     # -- the loop ----------------------------------------------------------------------------
-    def run(self) -> str:
-        """Run until `trainer.steps` optimiser steps are taken; returns the job end status."""
-        status = "completed"
+    def run(self) -> tuple[str, str | None]:
+        """Run until `trainer.steps` optimiser steps are taken, the task is solved, a stop is
+        asked or a named end comes; returns the end's status and reason. A crash (any
+        other exception) is raised after the in-flight work is cancelled."""
         try:
-            while self.step < self.cfg.trainer.steps:
-                if self._stop_requested():
-                    status = "stopped"
-                    if self.train_ref is None:
-                        self._checkpoint_now()
-                    break
-                self.pending += self.planner.plan(
-                    step=self.step, training=self.train_ref is not None
-                )
-                self._dispatch()
-                self._maybe_start_step()
-                refs = list(self.running) + ([self.train_ref] if self.train_ref is not None else [])
-                if not refs:
-                    raise RuntimeError(
-                        "nothing in flight and no step possible: the job cannot progress"
-                    )
-                done, _ = ray.wait(refs, num_returns=1, timeout=1.0)
-                for ref in done:
-                    if self.train_ref is not None and ref == self.train_ref:
-                        self._on_step_done()
-                    elif ref in self.running:
-                        self._on_rollout_done(ref)
+            return self._loop()
+        except JobEnd as end:
+            if end.status == "stopped" and self.train_ref is None:
+                self._checkpoint_now()
+            return end.status, end.reason
         except KeyboardInterrupt:
-            status = "stopped"
-        except BaseException:
-            status = "failed"
-            raise
+            return "stopped", "interrupted (SIGINT or SIGTERM)"
         finally:
             self._shutdown_inflight()
-            finish_job(self.ledger, self.job_id, status)
-        return status
+
+    def _loop(self) -> tuple[str, str | None]:
+        while self.step < self.cfg.trainer.steps:
+            if self._stop_requested():
+                raise JobEnd("stopped", "stop requested (rlsys jobs stop)")
+            self.pending += self.planner.plan(step=self.step, training=self.train_ref is not None)
+            self._dispatch()
+            self._maybe_start_step()
+            refs = list(self.running) + ([self.train_ref] if self.train_ref is not None else [])
+            if not refs:
+                raise JobEnd("failed", "nothing in flight and no step possible")
+            done, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+            for ref in done:
+                if self.train_ref is not None and ref == self.train_ref:
+                    self._on_step_done()
+                elif ref in self.running:
+                    self._on_rollout_done(ref)
+        return "completed", f"{self.step} steps"
 
     def _stop_requested(self) -> bool:
         if time.time() - self._stop_checked <= 1.0:

@@ -18,6 +18,9 @@ class Group:
     members: set[str] = field(default_factory=set)
     planned_version: int = 0  # policy version when planned: its tokens are this or newer
     scored: set[str] = field(default_factory=set)  # members whose trajectory is in the stream
+    rewards: dict[str, float] = field(default_factory=dict)  # scored member -> its reward
+    penalised: set[str] = field(default_factory=set)  # scored members with a penalised turn
+    sifted: bool = False  # judged to carry a learning signal (or adopted on a resume)
 
     @property
     def ready(self) -> bool:
@@ -41,10 +44,14 @@ class GroupBook:
         for rid in rollout_ids:
             self.group_of[rid] = group_id
 
-    def scored(self, rid: str) -> None:
+    def scored(self, rid: str, reward: float | None = None, penalised: bool = False) -> None:
         group = self.groups.get(self.group_of.get(rid, ""))
         if group is not None and rid in group.members:
             group.scored.add(rid)
+            if reward is not None:
+                group.rewards[rid] = reward
+            if penalised:
+                group.penalised.add(rid)
 
     def failed(self, rid: str, retry_id: str | None = None) -> None:
         group = self.groups.get(self.group_of[rid])
@@ -55,8 +62,15 @@ class GroupBook:
             group.members.add(retry_id)
             self.group_of[retry_id] = group.group_id
 
+    def unsifted_ready(self) -> list[Group]:
+        """Ready groups not yet judged for their learning signal."""
+        return [g for g in self.groups.values() if g.ready and not g.sifted]
+
+    def remove(self, group: Group) -> None:
+        del self.groups[group.group_id]
+
     def take_ready(self, limit: int) -> list[Group]:
-        ready = [g for g in self.groups.values() if g.ready][:limit]
+        ready = [g for g in self.groups.values() if g.ready and g.sifted][:limit]
         for g in ready:
             del self.groups[g.group_id]
         return ready

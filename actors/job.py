@@ -1,8 +1,11 @@
 """Assembling and running one job: ledger, stream, actors, controller (what `rlsys run` does).
 
 Invariants: the config is already validated; the job row and its resolved config are
-written before any actor starts; whatever happens, the actors are torn down and the job
-ends with a status in the ledger (`finish_job`), so `lost` is 0 afterwards.
+written before any actor starts; from that moment every way out (a named end, an
+interrupt, a crash in any phase: stream, Ray, trackers, actors, warm start, critic
+pre-training, first broadcast, the loop) ends the job with a status and a reason in the
+ledger (`JobLifetime`), so `lost` is 0 afterwards; the actors are torn down whatever
+happens; while the job runs, its driver's heartbeat is on its row.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlsys.actors.admission import AdmissionActor
 from rlsys.actors.controller import Controller, JobHandles
 from rlsys.actors.engine_replica import EngineReplica
+from rlsys.actors.job_lifetime import JobLifetime
 from rlsys.actors.job_reporting import JobReporting
 from rlsys.actors.rollout_worker import RolloutWorker
 from rlsys.actors.runtime import init_ray
@@ -29,8 +33,9 @@ from rlsys.actors.trainer_actor import TrainerActor
 from rlsys.config.job import JobConfig
 from rlsys.config.locations import resolve_ledger_url
 from rlsys.ledger.db import redact
+from rlsys.ledger.liveness import JOB_ORPHANED, JobStillRunning, effective_status, heartbeat_age_s
 from rlsys.ledger.queries import stats
-from rlsys.ledger.store import Ledger
+from rlsys.ledger.store import JOB_LIVE_STATUSES, Ledger
 from rlsys.ledger.stream import open_stream
 
 STOP_REQUESTED = "stopping"
@@ -63,103 +68,54 @@ def run_job(
     address: str | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_event: Callable[[str], None] = print,
+    on_phase: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run `cfg` to completion; returns the ledger's stats of the job plus run facts."""
+    """Run `cfg` to its end; returns the ledger's stats of the job plus run facts, with
+    `status` and `end_reason`. A crash ends the job `failed` and is raised; a named end
+    (solved, no learning signal, a stop, an interrupt) is returned. `on_phase` hears each
+    phase of the driver's start-up by name, before it runs."""
     ledger = Ledger.open(ledger_url_for(cfg))
-    if resume:
-        ledger.get_job(resume)  # raises UnknownJob
-        job_id = resume
-        ledger.set_job_status(job_id, "running")
-    else:
-        job_id = ledger.create_job(cfg.name, json.loads(cfg.model_dump_json()), job_id=job_id)
-    run_dir = Path(cfg.store.run_root) / job_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    on_event(f"job {job_id}: ledger {redact(ledger_url_for(cfg))}")
-    stream_url = stream_url_for(cfg, job_id)
-    open_stream(stream_url).close()  # fails here, before any actor starts, if unreachable
-    logical = (
-        cfg.engine.replicas * cfg.engine.num_cpus
-        + cfg.rollout.workers * cfg.rollout.num_cpus
-        + cfg.trainer.num_cpus * cfg.trainer.data_parallel  # rank 0 and its followers
-    )
-    init_ray(address, logical_cpus=logical + 1)
-    cfg_dict = json.loads(cfg.model_dump_json())
-    checkpoint = run_dir / "checkpoint"
     handles: JobHandles | None = None
     reporting: JobReporting | None = None
+    controller: Controller | None = None
+    started = time.time()
     try:
-        reporting = JobReporting.open(cfg, job_id, ledger, run_dir, on_event)
-        make_trainer = partial(
-            _make_trainer, cfg, job_id, str(checkpoint), stream_url, itertools.count()
-        )
-        trainer = make_trainer()
-        replicas = {
-            f"replica-{i}": EngineReplica.options(
-                name=actor_name(job_id, f"replica-{i}"),
-                num_cpus=cfg.engine.num_cpus,
-                num_gpus=cfg.engine.num_gpus,
-                resources=cfg.engine.resources,
-                max_concurrency=256,
-            ).remote(f"replica-{i}", cfg_dict)
-            for i in range(cfg.engine.replicas)
-        }
-        # The admission scheduler is the control plane's singleton: it lives on the driver's
-        # node, whose loss ends the job anyway, never on a node that may go with its workers.
-        admission = AdmissionActor.options(scheduling_strategy=_on_driver_node()).remote(
-            list(replicas), max_running=cfg.engine.max_running, max_queue=cfg.engine.max_queue
-        )
-        make_worker = partial(_make_worker, cfg, job_id, admission, replicas, stream_url)
-        workers = {f"worker-{i}": make_worker(f"worker-{i}") for i in range(cfg.rollout.workers)}
-        handles = JobHandles(admission, replicas, workers, trainer)
-        ray.get(
-            [w.ready.remote() for w in workers.values()]
-            + [r.ready.remote() for r in replicas.values()]
-        )
-        critic = cfg.algo.critic
-        pretrain_critic = critic.enabled and critic.pretrain_steps > 0
-        if not resume and (cfg.trainer.warm_start.steps or pretrain_critic):
-            if cfg.trainer.warm_start.steps:
-                on_event(
-                    f"warm start: {cfg.trainer.warm_start.steps} supervised steps on demonstrations"
-                )
-                warm = ray.get(trainer.warm_start.remote())
-                on_event(f"warm start done: {warm}")
-            if pretrain_critic:
-                on_event(f"critic pre-training: {critic.pretrain_steps} value-regression steps")
-                on_event(f"critic pre-training done: {ray.get(trainer.pretrain_critic.remote())}")
-            # Step 0 checkpointed: a trainer replaced before step 1 restarts warm.
-            ray.get(trainer.checkpoint.remote(str(checkpoint), {}))
-        start = trainer_position(ray.get(trainer.position.remote()))
-        controller = Controller(
-            cfg,
-            job_id,
-            ledger,
-            handles,
-            make_worker,
-            make_trainer,
-            run_dir=run_dir,
-            start=start,
-            on_step=reporting.wrap(on_step),
-            should_stop=lambda: _stop_requested(ledger, job_id),
-        )
-        controller.broadcast_weights()
-        started = time.time()
-        status = controller.run()
-        out = stats(ledger, job_id)
-        out.update(
-            status=status,
-            wall_s=time.time() - started,
-            steps=controller.stats.steps,
-            worker_deaths=controller.stats.worker_deaths,
-            task_errors=controller.stats.task_errors,
-            trainer_restarts=controller.stats.trainer_restarts,
-            redelivered=controller.stats.redelivered,
-            stale_filtered=controller.stats.stale_filtered,
-            staleness_holds=controller.planner.staleness_holds,
-            replicas_dropped=controller.stats.replicas_dropped,
-            weight_groups_formed=controller.publisher.groups_formed,
-        )
-        return out
+        job_id = _open_job(ledger, cfg, resume, job_id)
+        run_dir = Path(cfg.store.run_root) / job_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        on_event(f"job {job_id}: ledger {redact(ledger_url_for(cfg))}")
+        with JobLifetime(ledger, job_id, cfg.store.driver_timeout_s, on_phase) as life:
+            life.phase("stream")
+            stream_url = stream_url_for(cfg, job_id)
+            open_stream(stream_url).close()  # fails here, before any actor starts
+            life.phase("ray")
+            init_ray(address, logical_cpus=_logical_cpus(cfg) + 1)
+            life.phase("reporting")
+            reporting = JobReporting.open(cfg, job_id, ledger, run_dir, on_event)
+            life.phase("actors")
+            handles, make_worker, make_trainer = _start_actors(cfg, job_id, run_dir, stream_url)
+            checkpoint = run_dir / "checkpoint"
+            if not resume:
+                _prepare_trainer(cfg, handles.trainer, checkpoint, life, on_event)
+            life.phase("first_broadcast")
+            start = trainer_position(ray.get(handles.trainer.position.remote()))
+            controller = Controller(
+                cfg,
+                job_id,
+                ledger,
+                handles,
+                make_worker,
+                make_trainer,
+                run_dir=run_dir,
+                start=start,
+                on_step=reporting.wrap(on_step),
+                should_stop=lambda: _stop_requested(ledger, job_id),
+            )
+            controller.broadcast_weights()
+            life.phase("loop")
+            started = time.time()
+            life.end(*controller.run())
+        return _summary(ledger, job_id, life, controller, started)
     finally:
         if reporting is not None:
             reporting.end()
@@ -172,6 +128,122 @@ def run_job(
             ]:
                 ray.kill(actor, no_restart=True)
         ledger.close()
+
+
+def _open_job(ledger: Ledger, cfg: JobConfig, resume: str | None, job_id: str | None) -> str:
+    """Create the job's row, or re-open a resumed job's: refused while its driver lives
+    (two drivers would share it) or while it is orphaned (reap it first)."""
+    if not resume:
+        return ledger.create_job(cfg.name, json.loads(cfg.model_dump_json()), job_id=job_id)
+    job = ledger.get_job(resume)  # raises UnknownJob
+    status = effective_status(job)
+    if status == JOB_ORPHANED:
+        raise JobStillRunning(
+            f"job {resume} is orphaned (its driver died): `rlsys jobs reap {resume}` ends it, "
+            "then resume it"
+        )
+    if status in JOB_LIVE_STATUSES:
+        raise JobStillRunning(
+            f"job {resume} is still {status} (its driver beat {heartbeat_age_s(job):.0f} s "
+            "ago): stop it first (`rlsys jobs stop`)"
+        )
+    ledger.set_job_status(resume, "running")
+    return resume
+
+
+def _logical_cpus(cfg: JobConfig) -> float:
+    return (
+        cfg.engine.replicas * cfg.engine.num_cpus
+        + cfg.rollout.workers * cfg.rollout.num_cpus
+        + cfg.trainer.num_cpus * cfg.trainer.data_parallel  # rank 0 and its followers
+    )
+
+
+def _start_actors(
+    cfg: JobConfig, job_id: str, run_dir: Path, stream_url: str
+) -> tuple[JobHandles, Callable[[str], Any], Callable[[], Any]]:
+    """The trainer, the engine replicas, the admission scheduler and the workers, ready."""
+    cfg_dict = json.loads(cfg.model_dump_json())
+    make_trainer = partial(
+        _make_trainer, cfg, job_id, str(run_dir / "checkpoint"), stream_url, itertools.count()
+    )
+    trainer = make_trainer()
+    replicas = {
+        f"replica-{i}": EngineReplica.options(
+            name=actor_name(job_id, f"replica-{i}"),
+            num_cpus=cfg.engine.num_cpus,
+            num_gpus=cfg.engine.num_gpus,
+            resources=cfg.engine.resources,
+            max_concurrency=256,
+        ).remote(f"replica-{i}", cfg_dict)
+        for i in range(cfg.engine.replicas)
+    }
+    # The admission scheduler is the control plane's singleton: it lives on the driver's
+    # node, whose loss ends the job anyway, never on a node that may go with its workers.
+    admission = AdmissionActor.options(scheduling_strategy=_on_driver_node()).remote(
+        list(replicas), max_running=cfg.engine.max_running, max_queue=cfg.engine.max_queue
+    )
+    make_worker = partial(_make_worker, cfg, job_id, admission, replicas, stream_url)
+    workers = {f"worker-{i}": make_worker(f"worker-{i}") for i in range(cfg.rollout.workers)}
+    handles = JobHandles(admission, replicas, workers, trainer)
+    ray.get(
+        [w.ready.remote() for w in workers.values()] + [r.ready.remote() for r in replicas.values()]
+    )
+    return handles, make_worker, make_trainer
+
+
+def _prepare_trainer(
+    cfg: JobConfig,
+    trainer: Any,
+    checkpoint: Path,
+    life: JobLifetime,
+    on_event: Callable[[str], None],
+) -> None:
+    """A new job's warm start and critic pre-training, then its step-0 checkpoint."""
+    critic = cfg.algo.critic
+    pretrain_critic = critic.enabled and critic.pretrain_steps > 0
+    if not (cfg.trainer.warm_start.steps or pretrain_critic):
+        return
+    if cfg.trainer.warm_start.steps:
+        life.phase("warm_start")
+        on_event(f"warm start: {cfg.trainer.warm_start.steps} supervised steps on demonstrations")
+        on_event(f"warm start done: {ray.get(trainer.warm_start.remote())}")
+    if pretrain_critic:
+        life.phase("critic_pretrain")
+        on_event(f"critic pre-training: {critic.pretrain_steps} value-regression steps")
+        on_event(f"critic pre-training done: {ray.get(trainer.pretrain_critic.remote())}")
+    # Step 0 checkpointed: a trainer replaced before step 1 restarts warm.
+    ray.get(trainer.checkpoint.remote(str(checkpoint), {}))
+
+
+def _summary(
+    ledger: Ledger,
+    job_id: str,
+    life: JobLifetime,
+    controller: Controller | None,
+    started: float,
+) -> dict[str, Any]:
+    out = stats(ledger, job_id)
+    out.update(status=life.status, end_reason=life.reason, wall_s=time.time() - started)
+    if controller is None:  # ended before the loop (an interrupt during the warm start)
+        return {**out, "steps": []}
+    run = controller.stats
+    out.update(
+        steps=run.steps,
+        worker_deaths=run.worker_deaths,
+        task_errors=run.task_errors,
+        trainer_restarts=run.trainer_restarts,
+        redelivered=run.redelivered,
+        stale_filtered=run.stale_filtered,
+        stream_retries=run.stream_retries,
+        stream_failed=run.stream_failed,
+        staleness_holds=controller.planner.staleness_holds,
+        replicas_dropped=run.replicas_dropped,
+        weight_groups_formed=controller.publisher.groups_formed,
+        task_pass_rate=controller.planner.profiles.pass_rate(),
+        prompt_mix=controller.planner.profiles.mix(),
+    )
+    return out
 
 
 def _on_driver_node() -> NodeAffinitySchedulingStrategy:

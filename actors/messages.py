@@ -24,11 +24,15 @@ class Assignment:
 @dataclass(frozen=True, slots=True)
 class RolloutReport:
     """What a worker answers for one assignment: the rollout's state (`scored`, or the
-    named failed state) and, when scored, the stream entry holding its trajectory."""
+    named failed state) and, when scored, the stream entry holding its trajectory, its
+    reward and whether a turn of it was penalised (what sifting a group needs)."""
 
     rollout_id: str
     state: str
     entry_id: str | None = None
+    reward: float | None = None
+    penalised: bool = False
+    stream_retries: int = 0  # publishes retried while the stream was unreachable
 
 
 @dataclass(frozen=True, slots=True)

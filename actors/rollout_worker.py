@@ -11,7 +11,11 @@ Invariants:
   `scored`: a `scored` row always has its trajectory in the stream (so a worker's death
   after that cannot lose it), and the driver sees only ids and a few numbers. A worker that
   dies between the two leaves an entry for a rollout reconciled as lost; the trainer's
-  inbox discards it.
+  inbox discards it;
+- a stream that does not answer is retried with bounded backoff for `store.stream_retry_s`
+  (publishing is idempotent, so a retry never duplicates): a short outage ends no rollout;
+  past the window the rollout ends `failed_stream` (the controller plans a linked retry),
+  never `failed_worker_lost`, since no worker died.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from rlsys.actors.handles import ReplicaGenerator, SchedulerProxy
 from rlsys.actors.ledger_sink import LedgerEventBuffer
 from rlsys.actors.ledger_writer import GroupCommitWriter
 from rlsys.actors.messages import Assignment, RolloutReport
+from rlsys.algo.filters import is_penalised
 from rlsys.ledger.records import Transition
 from rlsys.ledger.store import Ledger
+from rlsys.ledger.stream import StreamConnectionError, publish_patiently
 from rlsys.rollout.client import AdmittedGenerator
 from rlsys.types import RolloutState as S
 
@@ -64,6 +70,7 @@ class RolloutWorker:
         self.scheduler = SchedulerProxy(scheduler)
         self.replicas = {rid: ReplicaGenerator(rid, h) for rid, h in replicas.items()}
         self.lease_s = cfg.rollout.lease_s
+        self.stream_retry_s = cfg.store.stream_retry_s
         self.ledger.heartbeat(worker_id, job_id, self.lease_s)
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -115,15 +122,31 @@ class RolloutWorker:
             "policy_version_first": min(versions) if versions else None,
             "policy_version_last": max(versions) if versions else None,
         }
+        traj.metadata["wall_s"] = time.time() - started
+        entry, retries = None, 0
         if outcome.failure is not None:
             state, reason = S(outcome.failure.state), outcome.failure.reason
         else:
             state, reason = S.SCORED, None
-            updates["reward"] = traj.reward
-        traj.metadata["wall_s"] = time.time() - started
-        entry = self.stream.publish(rid, pickle.dumps(traj)) if state is S.SCORED else None
+            try:
+                entry, retries = publish_patiently(
+                    self.stream, rid, pickle.dumps(traj), within_s=self.stream_retry_s
+                )
+                updates["reward"] = traj.reward
+            except StreamConnectionError as err:
+                state = S.FAILED_STREAM
+                reason = f"the rollout stream stayed unreachable for {self.stream_retry_s:.0f} s: "
+                reason += str(err)[:300]
         self.writer.apply([Transition(rid, state, reason=reason, updates=updates)], sink.drain())
-        return RolloutReport(rid, state.value, entry)
+        scored = state is S.SCORED
+        return RolloutReport(
+            rid,
+            state.value,
+            entry,
+            reward=traj.reward if scored else None,
+            penalised=scored and is_penalised(traj.turn_penalties),
+            stream_retries=retries,
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -49,6 +49,7 @@ class _MemoryLog:
     cond: threading.Condition = field(default_factory=threading.Condition)
     last_seq: int = 0
     entries: dict[int, tuple[str, bytes, bytes]] = field(default_factory=dict)
+    by_rollout: dict[str, int] = field(default_factory=dict)  # idempotent publish
     groups: dict[str, _Group] = field(default_factory=dict)
 
 
@@ -92,13 +93,17 @@ class MemoryRolloutStream:
     def publish_many(self, items: Sequence[tuple[str, Payload]]) -> list[str]:
         encoded = [(rollout_id, *encode_payload(payload)) for rollout_id, payload in items]
         log = self._log
+        ids = []
         with log.cond:
-            first = log.last_seq + 1
-            for offset, entry in enumerate(encoded):
-                log.entries[first + offset] = entry
-            log.last_seq += len(encoded)
+            for entry in encoded:
+                seq = log.by_rollout.get(entry[0])
+                if seq is None or seq not in log.entries:  # a retried publish finds its entry
+                    seq = log.last_seq = log.last_seq + 1
+                    log.entries[seq] = entry
+                    log.by_rollout[entry[0]] = seq
+                ids.append(_entry_id(seq))
             log.cond.notify_all()
-        return [_entry_id(first + offset) for offset in range(len(encoded))]
+        return ids
 
     def read(self, consumer: str, count: int = 1, block_ms: int | None = None) -> list[StreamEntry]:
         log = self._log
@@ -127,7 +132,9 @@ class MemoryRolloutStream:
                 if pending.pop(seq, None) is not None:
                     acked += 1
                     if self.config.delete_acked:
-                        self._log.entries.pop(seq, None)
+                        entry = self._log.entries.pop(seq, None)
+                        if entry is not None:
+                            self._log.by_rollout.pop(entry[0], None)
             return acked
 
     def reclaim(self, consumer: str, min_idle_ms: int, count: int = 100) -> list[StreamEntry]:

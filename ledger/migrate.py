@@ -36,6 +36,15 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(_config(conn), revision)
 
 
+def head_revision() -> str:
+    """The newest schema revision this code knows."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_config(None)).get_current_head()
+    assert head is not None
+    return head
+
+
 def current_revision(engine: Engine) -> str | None:
     """The schema revision of this database, or None when it holds no ledger."""
     with engine.connect() as conn:

@@ -54,6 +54,9 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(32), index=True)
     created_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
+    # Renewed by the running driver; a running job whose heartbeat lapsed is `orphaned`.
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    end_reason: Mapped[str | None] = mapped_column(Text)  # why it ended: "solved", an error
 
 
 class Rollout(Base):

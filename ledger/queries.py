@@ -6,7 +6,9 @@ Definitions (DESIGN.md section 4), used by every report:
 - drop_rate = dropped / expected (0 when nothing is expected);
 - lost = rows with no terminal state once the job has ended (while it runs they count as
   `in_flight`, and lost is 0 by definition); a *stopped* job's `scored`/`buffered` rows
-  are `parked`, not lost: their trajectories wait in the durable stream for a resume.
+  are `parked`, not lost: their trajectories wait in the durable stream for a resume;
+  an *orphaned* job (its driver stopped beating: `rlsys.ledger.liveness`) is not running,
+  so every live row of it counts as lost until `jobs reap` names their end.
 Reports never write, and on a database with no ledger schema they report zeros.
 """
 
@@ -18,9 +20,10 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 
 from rlsys.ledger.errors import UnknownRollout
+from rlsys.ledger.liveness import effective_status, heartbeat_age_s
 from rlsys.ledger.models import Rollout, RolloutEvent, RolloutTransition, TrainerStep
 from rlsys.ledger.reconcile import PARKED_STATES
-from rlsys.ledger.store import JOB_RUNNING, Ledger
+from rlsys.ledger.store import JOB_LIVE_STATUSES, Ledger
 from rlsys.types import TERMINAL_CLASS, RolloutState, TerminalClass
 
 JOB_STOPPED = "stopped"
@@ -51,6 +54,7 @@ def stats(ledger: Ledger, job_id: str | None = None) -> dict[str, Any]:
         "parked": 0,
         "drop_rate": 0.0,
         "retries": 0,
+        "end_reason": None,
     }
     if not ledger.has_schema():
         if job_id is not None:
@@ -71,7 +75,9 @@ def stats(ledger: Ledger, job_id: str | None = None) -> dict[str, Any]:
         retries = conn.execute(
             select(func.count()).where(Rollout.job_id == job_id, Rollout.retry_of.is_not(None))
         ).scalar_one()
-    out = dict(empty, job_id=job_id, job_status=job["status"], retries=retries)
+    status = effective_status(job)
+    out = dict(empty, job_id=job_id, job_status=status, retries=retries)
+    out["end_reason"] = job.get("end_reason")
     out["expected"] = sum(counts.values())
     by_class: Counter[str] = Counter()
     for state, cls in TERMINAL_CLASS.items():
@@ -79,9 +85,9 @@ def stats(ledger: Ledger, job_id: str | None = None) -> dict[str, Any]:
         out["terminal"][state.value] = n
         by_class[cls.value] += n
     live = out["expected"] - sum(by_class.values())
-    running = job["status"] == JOB_RUNNING
+    running = status in JOB_LIVE_STATUSES
     parked = 0
-    if job["status"] == JOB_STOPPED:
+    if status == JOB_STOPPED:
         parked = sum(counts.get(s.value, 0) for s in PARKED_STATES)
     out["in_flight"] = live if running else 0
     out["parked"] = parked
@@ -244,33 +250,46 @@ def trainer_steps(ledger: Ledger, job_id: str | None = None, after_step: int = 0
         {**metrics, "step": step, "policy_version": version, "at": at}
         for step, version, at, metrics in rows
     ]
-    return {"job_id": job_id, "job_status": ledger.get_job(job_id)["status"], "steps": steps}
+    return {
+        "job_id": job_id,
+        "job_status": effective_status(ledger.get_job(job_id)),
+        "steps": steps,
+    }
 
 
 def list_jobs(ledger: Ledger, limit: int = 50) -> list[dict[str, Any]]:
-    """The most recent jobs with their status and rollout counts."""
+    """The most recent jobs with their status (`orphaned` for a live job whose driver
+    stopped beating), why they ended, the driver's heartbeat age, and rollout counts."""
     from rlsys.ledger.models import Job
 
     if not ledger.has_schema():
         return []
     with ledger.engine.connect() as conn:
-        jobs = (
-            conn.execute(
-                select(Job.id, Job.name, Job.status, Job.created_at, Job.ended_at)
-                .order_by(Job.created_at.desc())
-                .limit(limit)
-            )
+        rows = (
+            conn.execute(select(Job.__table__).order_by(Job.created_at.desc()).limit(limit))
             .mappings()
             .all()
         )
         counts = dict(
             conn.execute(
                 select(Rollout.job_id, func.count())
-                .where(Rollout.job_id.in_([j["id"] for j in jobs]))
+                .where(Rollout.job_id.in_([j["id"] for j in rows]))
                 .group_by(Rollout.job_id)
             ).all()
         )
-    return [{**dict(j), "rollouts": counts.get(j["id"], 0)} for j in jobs]
+    return [
+        {
+            "id": j["id"],
+            "name": j["name"],
+            "status": effective_status(j),
+            "end_reason": j["end_reason"],
+            "created_at": j["created_at"],
+            "ended_at": j["ended_at"],
+            "heartbeat_age_s": round(heartbeat_age_s(j), 1),
+            "rollouts": counts.get(j["id"], 0),
+        }
+        for j in rows
+    ]
 
 
 def parked_rollouts(ledger: Ledger, job_id: str) -> list[tuple[str, str, str, int | None]]:
@@ -298,3 +317,15 @@ def last_trainer_step(ledger: Ledger, job_id: str) -> tuple[int, int] | None:
             .limit(1)
         ).first()
     return (int(row[0]), int(row[1])) if row else None
+
+
+def task_rewards(ledger: Ledger, job_id: str) -> list[tuple[str, float]]:
+    """(task id, reward) of every rollout of the job that was scored, oldest first: what a
+    resumed job rebuilds its per-prompt task profiles from."""
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(Rollout.task_id, Rollout.reward)
+            .where(Rollout.job_id == job_id, Rollout.reward.is_not(None))
+            .order_by(Rollout.created_at, Rollout.id)
+        ).all()
+    return [(str(t), float(r)) for t, r in rows]

@@ -11,9 +11,8 @@ XPENDING and XINFO GROUPS.
 
 An entry is one field-value pair, `rollout_id -> kind byte + payload` (kind `j` JSON, `b`
 bytes): the fewest RESP items per entry, which is what redis-py's pure-Python parser and
-packer spend their time on. redis-py retries a command on a dropped connection, so a batch
-can be published twice: consumers must tolerate a repeated rollout id (the ledger's single
-terminal state makes a repeat harmless).
+packer spend their time on. Publishing is idempotent per rollout id (see `_PUBLISH`): a
+batch redis-py or a worker re-sends after a dropped connection adds no second entry.
 Every Redis failure surfaces as `StreamConnectionError` (naming the URL, password hidden)
 or `StreamError` (naming the stream), never as a bare redis-py exception.
 """
@@ -39,13 +38,24 @@ from rlsys.ledger.stream import (
     encode_payload,
 )
 
+# Idempotent per rollout id: KEYS[1]..':pub:'..rollout_id remembers the entry a rollout was
+# published as (for a day); a retried publish whose entry is still in the stream gets that
+# id back instead of a second entry.
 _PUBLISH = """
 local ids = {}
-for i = 1, #ARGV, 2 do
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', ARGV[i], ARGV[i + 1])
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  local key = KEYS[1] .. ':pub:' .. ARGV[i]
+  local id = redis.call('GET', key)
+  if not id or #redis.call('XRANGE', KEYS[1], id, id) == 0 then
+    id = redis.call('XADD', KEYS[1], '*', ARGV[i], ARGV[i + 1])
+    redis.call('SET', key, id, 'EX', ttl)
+  end
+  ids[#ids + 1] = id
 end
 return ids
 """
+_PUBLISHED_TTL_S = 86_400
 
 # XACK one id at a time tells which entries were pending; only those are deleted, in bulk
 # (chunks stay under Lua's unpack limit).
@@ -121,11 +131,11 @@ class RedisRolloutStream:
         return self.publish_many([(rollout_id, payload)])[0]
 
     def publish_many(self, items: Sequence[tuple[str, Payload]]) -> list[str]:
-        args: list[str | bytes] = []
+        args: list[str | bytes | int] = [_PUBLISHED_TTL_S]
         for rollout_id, payload in items:
             kind, data = encode_payload(payload)
             args += (rollout_id, kind + data)
-        if not args:
+        if len(args) == 1:
             return []
         with self._errors("publish"):
             return [_text(entry_id) for entry_id in self._publish(keys=[self.name], args=args)]
@@ -222,6 +232,8 @@ class RedisRolloutStream:
     def delete(self) -> None:
         with self._errors("delete"):
             self._redis.delete(self.name)
+            for key in self._redis.scan_iter(match=f"{self.name}:pub:*", count=1000):
+                self._redis.delete(key)
 
     def close(self) -> None:
         self._redis.close()

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS entries (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, rollout_id TEXT NOT NULL,
   kind BLOB NOT NULL, data BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS entries_stream_seq ON entries (stream, seq);
+CREATE INDEX IF NOT EXISTS entries_stream_rollout ON entries (stream, rollout_id);
 CREATE TABLE IF NOT EXISTS groups (
   stream TEXT NOT NULL, name TEXT NOT NULL, last_delivered INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (stream, name));
@@ -118,6 +119,13 @@ class SqliteRolloutStream:
         ids = []
         with self._tx() as db:
             for rollout_id, kind, data in encoded:
+                have = db.execute(  # idempotent: a retried publish finds its entry
+                    "SELECT seq FROM entries WHERE stream = ? AND rollout_id = ?",
+                    (self.name, rollout_id),
+                ).fetchone()
+                if have is not None:
+                    ids.append(_entry_id(int(have[0])))
+                    continue
                 cur = db.execute(
                     "INSERT INTO entries (stream, rollout_id, kind, data) VALUES (?, ?, ?, ?)",
                     (self.name, rollout_id, kind, data),

@@ -26,6 +26,8 @@ from rlsys.ledger.retry import RetryPolicy, run_write
 from rlsys.types import RolloutState
 
 JOB_RUNNING = "running"
+JOB_STOPPING = "stopping"  # asked to stop through the ledger; its driver sees it within a second
+JOB_LIVE_STATUSES = (JOB_RUNNING, JOB_STOPPING)
 JOB_END_STATUSES = ("completed", "stopped", "failed")
 
 
@@ -41,10 +43,14 @@ class Ledger:
         """Open the ledger at `url` (resolved as DESIGN.md section 5 says).
 
         `create=True` creates the database file and migrates the schema to head;
-        `create=False` (readers) touches nothing and accepts a database with no ledger yet.
+        `create=False` (readers) creates nothing and accepts a database with no ledger yet,
+        but brings a ledger an older release wrote up to this code's schema (every report
+        reads the newer columns).
         """
         engine = create_ledger_engine(resolve_url(url), must_exist=not create)
         if create:
+            migrate.upgrade(engine)
+        elif migrate.current_revision(engine) not in (None, migrate.head_revision()):
             migrate.upgrade(engine)
         return cls(engine, **kw)
 
@@ -63,9 +69,15 @@ class Ledger:
             exists = conn.execute(select(Job.id).where(Job.id == job_id)).first()
             if exists and retrying:
                 return
+            now = time.time()
             conn.execute(
                 insert(Job).values(
-                    id=job_id, name=name, config=config, status=JOB_RUNNING, created_at=time.time()
+                    id=job_id,
+                    name=name,
+                    config=config,
+                    status=JOB_RUNNING,
+                    created_at=now,
+                    heartbeat_at=now,
                 )
             )
 
@@ -87,10 +99,27 @@ class Ledger:
 
     def set_job_status(self, job_id: str, status: str) -> None:
         def work(conn: Connection, _retrying: bool) -> None:
-            ended = time.time() if status in JOB_END_STATUSES else None
-            conn.execute(update(Job).where(Job.id == job_id).values(status=status, ended_at=ended))
+            now = time.time()
+            values: dict[str, Any] = {"status": status}
+            if status in JOB_END_STATUSES:
+                values["ended_at"] = now
+            elif status == JOB_RUNNING:  # (re)started: a driver owns it and beats from now on
+                values.update(ended_at=None, end_reason=None, heartbeat_at=now)
+            conn.execute(update(Job).where(Job.id == job_id).values(**values))
 
         run_write(self.engine, work, self.retry)
+
+    def job_heartbeat(self, job_id: str) -> None:
+        """The driver is alive: renew the job's heartbeat (a lapsed one reads `orphaned`)."""
+        run_write(
+            self.engine,
+            lambda conn, _r: conn.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status.in_(JOB_LIVE_STATUSES))
+                .values(heartbeat_at=time.time())
+            ),
+            self.retry,
+        )
 
     # -- rollouts ---------------------------------------------------------------------
     def plan(self, job_id: str, rollouts: Sequence[PlannedRollout]) -> list[str]:

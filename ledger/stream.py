@@ -10,6 +10,9 @@ one consumer group, `read` them and `ack` them. The contract every backend keeps
 - An acknowledged entry is never delivered again. An unacknowledged one is delivered again
   only through `reclaim`, which moves entries idle for at least `min_idle_ms` (their
   consumer is presumed dead) to a live consumer, or through `resume_consumer`.
+- Publishing is idempotent per rollout id: publishing a rollout id whose entry is still in
+  the stream returns that entry's id and adds nothing, so a publish retried after a lost
+  reply (a Redis restart) cannot deliver a rollout twice.
 - Within the group, new entries are delivered in publish order; entry ids increase with
   publish order (`entry_id_key` makes them comparable).
 - With `delete_acked` (the default) an acknowledged entry is also removed from the stream,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -278,3 +282,29 @@ def encode_payload(payload: Payload) -> tuple[bytes, bytes]:
 def decode_payload(kind: bytes, data: bytes) -> Payload:
     # Decoding first skips json's pure-Python sniffing of the bytes' encoding.
     return data if kind == KIND_BYTES else json.loads(data.decode())
+
+
+def publish_patiently(
+    stream: RolloutStream,
+    rollout_id: str,
+    payload: Payload,
+    *,
+    within_s: float,
+    first_delay_s: float = 0.2,
+    max_delay_s: float = 5.0,
+) -> tuple[str, int]:
+    """Publish one entry, retrying while the stream is unreachable (bounded exponential
+    backoff) for up to `within_s`; returns the entry id and how many retries it took.
+    Retrying is safe because publishing is idempotent per rollout id. Raises the last
+    `StreamConnectionError` once `within_s` has passed."""
+    deadline = time.monotonic() + within_s
+    delay, retries = first_delay_s, 0
+    while True:
+        try:
+            return stream.publish(rollout_id, payload), retries
+        except StreamConnectionError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(delay, left))
+            delay, retries = min(delay * 2, max_delay_s), retries + 1

@@ -31,6 +31,8 @@ class RolloutState(StrEnum):
     FAILED_TIMEOUT = "failed_timeout"
     FAILED_WORKER_LOST = "failed_worker_lost"
     FAILED_REWARD = "failed_reward"
+    FAILED_STREAM = "failed_stream"  # the rollout stream stayed unreachable past the retry window
+    FAILED_DRIVER_LOST = "failed_driver_lost"  # the job's driver died; reaped by `jobs reap`
     CANCELLED = "cancelled"
 
 
@@ -53,6 +55,8 @@ TERMINAL_CLASS: dict[RolloutState, TerminalClass] = {
     S.FAILED_TIMEOUT: TerminalClass.DROPPED,
     S.FAILED_WORKER_LOST: TerminalClass.DROPPED,
     S.FAILED_REWARD: TerminalClass.DROPPED,
+    S.FAILED_STREAM: TerminalClass.DROPPED,
+    S.FAILED_DRIVER_LOST: TerminalClass.DROPPED,
     S.CANCELLED: TerminalClass.DROPPED,
 }
 

@@ -50,7 +50,7 @@ ALLOWED_EDGES: dict[str, set[str]] = {
     "rlsys.cli": {"rlsys.actors", "rlsys.config", "rlsys.engine", "rlsys.ledger",
                   "rlsys.model", "rlsys.sandboxes", "rlsys.tracking", "rlsys.trainer",
                   "rlsys.types"},
-    "rlsys.actors": {"rlsys.config", "rlsys.engine", "rlsys.ledger", "rlsys.model",
+    "rlsys.actors": {"rlsys.algo", "rlsys.config", "rlsys.engine", "rlsys.ledger", "rlsys.model",
                      "rlsys.rollout", "rlsys.sandboxes", "rlsys.tokenizer", "rlsys.tracking",
                      "rlsys.trainer", "rlsys.trajectory", "rlsys.types"},
     "rlsys.rollout": {"rlsys.config", "rlsys.engine.api", "rlsys.sandboxes", "rlsys.tokenizer",

@@ -7,7 +7,7 @@ in (`filtered_zero_variance`, `filtered_stale`) with a reason, so nothing leaves
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rlsys.trajectory import Trajectory
@@ -38,21 +38,33 @@ def split_stale(
     return kept, dropped
 
 
+def is_penalised(turn_penalties: Mapping[int, float]) -> bool:
+    """Whether a turn of the rollout carries a non-zero penalty (one of 0 teaches nothing)."""
+    return any(value != 0.0 for value in turn_penalties.values())
+
+
+def group_has_signal(rewards: Sequence[float], penalised: Sequence[bool]) -> bool:
+    """Whether a group teaches anything under group-relative advantages: its rewards differ,
+    or a turn of it was penalised (a penalised turn still teaches). The rollout controller
+    sifts finished groups with this, and the trainer filters its batch with it."""
+    return len(set(rewards)) > 1 or any(penalised)
+
+
+def zero_variance_reason(rewards: Sequence[float]) -> str:
+    return f"all {len(rewards)} rewards = {rewards[0]}"
+
+
 def split_zero_variance(trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Filtered]]:
-    """Drop groups whose rewards are all equal and that carry no turn penalty: they give
-    no learning signal (a penalised turn still teaches, so such a group is kept)."""
+    """Drop groups that carry no learning signal (`group_has_signal`)."""
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         groups[t.group_id].append(t)
     kept, dropped = [], []
     for members in groups.values():
-        rewards = {m.reward for m in members}
-        if len(rewards) <= 1 and not any(m.turn_penalties for m in members):
-            r = next(iter(rewards))
+        rewards = [m.reward for m in members]
+        if not group_has_signal(rewards, [is_penalised(m.turn_penalties) for m in members]):
             dropped += [
-                Filtered(
-                    m.rollout_id, "filtered_zero_variance", f"all {len(members)} rewards = {r}"
-                )
+                Filtered(m.rollout_id, "filtered_zero_variance", zero_variance_reason(rewards))
                 for m in members
             ]
         else:

@@ -1,5 +1,5 @@
-"""`rlsys jobs list|status|stop|logs`: jobs as the ledger knows them, and as Ray does when
-they were submitted to a cluster.
+"""`rlsys jobs list|status|stop|reap|logs`: jobs as the ledger knows them, and as Ray does
+when they were submitted to a cluster.
 
 The ledger is found by the one rule (`--db`, else `RLSYS_LEDGER_URL`, else the run root's
 SQLite file); the cluster by Ray's (`--address`, else `RAY_API_SERVER_ADDRESS`, else
@@ -10,6 +10,10 @@ the driver cancels the in-flight rollouts and ends the job as `stopped` in the l
 Ray records it STOPPED. Any other running job is asked through the ledger: its row is set
 to `stopping` and its controller sees that within a second. Either way a rollout in flight
 ends `cancelled`, and `lost` stays 0.
+
+A job whose driver died (SIGKILL, a lost node) stops renewing its heartbeat and reads
+`orphaned` (`rlsys.ledger.liveness`); its live rollouts count as lost. `reap` ends them
+`failed_driver_lost` and the job `failed`; `rlsys run CONFIG --resume JOB` continues it.
 """
 
 from __future__ import annotations
@@ -64,8 +68,8 @@ def list_(db: str | None, as_json: bool) -> None:
         return
     print_table(
         "jobs",
-        ["job", "name", "status", "rollouts"],
-        [(r["id"], r["name"], r["status"], r["rollouts"]) for r in rows],
+        ["job", "name", "status", "why it ended", "rollouts"],
+        [(r["id"], r["name"], r["status"], r["end_reason"] or "", r["rollouts"]) for r in rows],
     )
 
 
@@ -111,8 +115,15 @@ def stop(job_id: str, db: str | None, address: str | None, wait: bool, timeout: 
     with _reader(db) as reader:
         job = reader.get_job(job_id)
         url = str(reader.engine.url.render_as_string(hide_password=False))
-    if job["status"] != "running":
-        raise UserError(f"job {job_id} is {job['status']}, not running")
+    from rlsys.ledger.liveness import effective_status
+
+    status = effective_status(job)
+    if status == "orphaned":
+        raise UserError(
+            f"job {job_id} is orphaned (its driver is gone): `rlsys jobs reap {job_id}`"
+        )
+    if status != "running":
+        raise UserError(f"job {job_id} is {status}, not running")
     address = cluster_address(address)
     by_ray = bool(address) and _on_cluster(address, _ray_jobs().stop_submitted, job_id)
     if not by_ray:
@@ -136,6 +147,27 @@ def _wait_until_ended(db: str | None, job_id: str, timeout: float) -> str:
         if time.monotonic() > deadline:
             raise click.ClickException(f"job {job_id} is still {state} after {timeout:.0f} s")
         time.sleep(1.0)
+
+
+@jobs.command()
+@click.argument("job_id")
+@click.option("--db", default=None, help=DB_HELP)
+@click.option("--json", "as_json", is_flag=True)
+def reap(job_id: str, db: str | None, as_json: bool) -> None:
+    """End an orphaned job (its driver stopped beating): its live rollouts end
+    `failed_driver_lost` and the job `failed`. `rlsys run CONFIG --resume JOB` continues it."""
+    from rlsys.cli.render import print_json
+    from rlsys.ledger.reconcile import reap_job
+
+    with _reader(db) as writer:  # an unknown job, or one not orphaned: exit 2, saying why
+        ended = reap_job(writer, job_id)
+        reason = writer.get_job(job_id)["end_reason"]
+    if as_json:
+        print_json(
+            {"job_id": job_id, "status": "failed", "rollouts_ended": ended, "reason": reason}
+        )
+        return
+    click.echo(f"{job_id} failed ({reason}): {ended} live rollouts ended failed_driver_lost")
 
 
 @jobs.command()

@@ -22,11 +22,27 @@ def _progress_line(m: dict[str, Any]) -> str:
     st, dr = m.get("staleness", {}), m.get("logprob_drift", {})
     return (
         f"step {m['step']:>4}  v{m['policy_version']:<4} reward {m.get('reward_mean', 0):.3f}  "
+        f"{_pass_rate(m.get('task_pass_rate'))}{_generation(m)}"
         f"staleness {st.get('mean', 0):.2f}/{st.get('max', 0)}  "
         f"drift {dr.get('mean_abs', 0):.2e}/{dr.get('max_abs', 0):.2e}  "
         f"{_mismatch(m.get('mismatch'))}"
         f"drop {m.get('drop_rate', 0):.3f}  samples {m.get('num_samples', 0)}  "
         f"{m.get('samples_per_s', 0):.1f} samples/s"
+    )
+
+
+def _pass_rate(rate: float | None) -> str:
+    return "" if rate is None else f"pass {rate:.2f}  "
+
+
+def _generation(m: dict[str, Any]) -> str:
+    """What the step's batch cost: groups and rollouts generated, and what was set aside."""
+    if "generated_groups" not in m:
+        return ""
+    return (
+        f"gen {m['generated_groups']}g/{m['generated_rollouts']}r "
+        f"(zero-var {m.get('filtered_zero_variance', 0)}, stale {m.get('filtered_stale', 0)}, "
+        f"failed {m.get('failed_rollouts', 0)})  "
     )
 
 
@@ -51,6 +67,7 @@ def run(
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `ray job stop` sends SIGTERM
     from rlsys.actors.job import run_job
     from rlsys.ledger.errors import LedgerUserError
+    from rlsys.ledger.stream import StreamError
 
     try:
         summary = run_job(
@@ -63,7 +80,13 @@ def run(
         )
     except LedgerUserError as err:
         raise UserError(str(err)) from err
+    except StreamError as err:  # the job row says so too: failed, with this reason
+        click.echo(f"job failed: {err}", err=True)
+        sys.exit(1)
     _print_summary(summary, as_json)
+    click.echo(
+        f"job {summary['job_id']} {summary['status']}: {summary.get('end_reason')}", err=True
+    )
     if summary["status"] != "completed":
         sys.exit(130 if summary["status"] == "stopped" else 1)
 
@@ -81,9 +104,14 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     steps = summary.get("steps", [])
     rewards = [s.get("reward_mean", 0.0) for s in steps]
     k = max(1, len(rewards) // 5)
+    generated = sum(s.get("generated_rollouts", 0) for s in steps)
+    trained = summary["terminal"].get("trained", 0)
     rows = [
         ("job_id", summary["job_id"]),
         ("status", summary["status"]),
+        ("why it ended", summary.get("end_reason")),
+        ("task pass rate", summary.get("task_pass_rate")),
+        ("rollouts generated per trained sample", generated / trained if trained else None),
         ("trainer steps", len(steps)),
         ("wall time (s)", summary.get("wall_s")),
         ("reward, first 20% of steps", sum(rewards[:k]) / k if rewards else None),

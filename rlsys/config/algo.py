@@ -55,5 +55,17 @@ class AlgoConfig(BaseModel):
     max_staleness: int = Field(
         2, ge=0, description="Samples older than this many versions are filtered."
     )
-    filter_zero_variance: bool = Field(True, description="Drop groups whose rewards are all equal.")
+    filter_zero_variance: bool = Field(
+        True,
+        description="Drop groups whose rewards are all equal (and carry no turn penalty); the "
+        "controller replaces each with a new group, so a step still trains "
+        "trainer.groups_per_step groups.",
+    )
+    max_generation_per_step: int | None = Field(
+        None,
+        ge=1,
+        description="Groups generated for one trainer step at most, filtered ones included "
+        "(default 16 x trainer.groups_per_step). Past it the step trains the informative "
+        "groups it has; with none, the job ends `failed`: no learning signal.",
+    )
     critic: CriticConfig = Field(default_factory=CriticConfig)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlsys.config.algo import AlgoConfig
+from rlsys.config.curriculum import CurriculumConfig
 from rlsys.config.locations import default_run_root
 from rlsys.config.model import PRESETS, ModelConfig
 from rlsys.config.sampling import SamplingConfig
@@ -173,6 +174,10 @@ class RolloutSection(_Section):
     scaffold: dict[str, Any] = Field(
         default_factory=dict, description="Scaffold config (turns, budgets)."
     )
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig,
+        description="Which prompts are drawn (per-prompt profiles) and when the task is solved.",
+    )
 
 
 class WarmStartSection(_Section):
@@ -310,6 +315,20 @@ class StoreSection(_Section):
             )
         return self
 
+    driver_timeout_s: float = Field(
+        60.0,
+        ge=1.0,
+        description="The driver renews the job's heartbeat in the ledger every sixth of this; "
+        "a running job whose heartbeat is older reads `orphaned` (its driver died) until "
+        "`rlsys jobs reap` ends it.",
+    )
+    stream_retry_s: float = Field(
+        45.0,
+        ge=0.0,
+        description="How long a rollout worker retries publishing to an unreachable stream "
+        "(bounded backoff) before the rollout ends `failed_stream` and is retried as a new "
+        "linked rollout.",
+    )
     run_root: str = Field(
         default_factory=default_run_root,
         description="Where ledgers, checkpoints and logs live (default: $RLSYS_RUN_ROOT, "

@@ -8,6 +8,11 @@ from tests.actors.conftest import job_config
 pytestmark = pytest.mark.unit
 
 
+def _sifted(planner: Planner) -> Planner:
+    planner.sift()
+    return planner
+
+
 def test_groups_are_planned_in_the_ledger_before_they_are_handed_out(ledger, job):
     planner = Planner(job_config(), job, ledger)
     out = planner.plan(step=0, training=False)
@@ -36,15 +41,18 @@ def test_a_step_waits_for_a_straggler_that_would_go_stale(ledger, job):
     for a in out[2:6]:  # groups 1 and 2 ready; group 0 (the oldest) still generating
         planner.book.scored(a.rollout_id)
     planner.version = 0
-    assert [g.group_id for g in planner.next_batch()] == [groups[1].group_id, groups[2].group_id]
+    assert [g.group_id for g in _sifted(planner).next_batch()] == [
+        groups[1].group_id,
+        groups[2].group_id,
+    ]
     planner.version = 1  # the next step makes version 2: group 0 (version 0) would be stale
     more = planner.plan(step=1, training=False)  # two groups at version 1
     for a in out[6:] + more[:2]:
         planner.book.scored(a.rollout_id)
-    assert planner.next_batch() is None and planner.staleness_holds == 1
+    assert _sifted(planner).next_batch() is None and planner.staleness_holds == 1
     for a in out[:2]:
         planner.book.scored(a.rollout_id)
-    assert planner.next_batch() is not None  # the straggler arrived: the step goes ahead
+    assert _sifted(planner).next_batch() is not None  # the straggler arrived: the step goes ahead
 
 
 def test_a_step_is_not_held_when_the_gate_is_off(ledger, job):
@@ -55,12 +63,12 @@ def test_a_step_is_not_held_when_the_gate_is_off(ledger, job):
     for a in out[2:]:
         planner.book.scored(a.rollout_id)
     planner.version = 5
-    assert planner.next_batch() is not None
+    assert _sifted(planner).next_batch() is not None
 
 
 def test_parked_rollouts_of_a_resumed_job_come_back_ready(ledger, job):
     planner = Planner(job_config(), job, ledger)
     rows = [("r1", "g1", "scored", 3), ("r2", "g1", "buffered", 2), ("r3", "g2", "scored", 4)]
     assert planner.adopt_parked(rows) == 2
-    batch = planner.next_batch()
+    batch = _sifted(planner).next_batch()
     assert batch is not None and {r for g in batch for r in g.scored} == {"r1", "r2", "r3"}

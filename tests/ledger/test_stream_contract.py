@@ -267,3 +267,16 @@ def test_resume_neither_skips_nor_repeats(make_stream: MakeStream) -> None:
     assert [e.delivery_count for e in redo] == [2, 2]
     assert resumed.position().pending == 0
     assert resume_consumer(resumed, "trainer-run3", checkpoint["committed"]) == []
+
+
+def test_a_retried_publish_adds_no_second_entry(make_stream: MakeStream) -> None:
+    stream = make_stream()
+    first = stream.publish_many([("r0", {"i": 0}), ("r1", {"i": 1})])
+    again = stream.publish_many([("r1", {"i": 1}), ("r2", {"i": 2})])  # r1's reply was lost
+    assert again[0] == first[1]
+    delivered = stream.read("c", count=10)
+    assert [e.rollout_id for e in delivered] == ["r0", "r1", "r2"]
+    assert stream.publish("r0", {"i": 0}) == first[0]  # pending: still the same entry
+    assert stream.read("c", count=10) == []
+    stream.ack([e.entry_id for e in delivered])
+    assert stream.position().length == 0
