@@ -81,6 +81,7 @@ class RunStats:
     replicas_dropped: list[str] = field(default_factory=list)  # died, found by a publication
     stream_retries: int = 0  # publishes workers retried while the stream was unreachable
     stream_failed: int = 0  # rollouts ended failed_stream (the stream down past the window)
+    step_retries: int = 0  # trainer steps asked again after an error (the stream unreachable)
     started: float = field(default_factory=time.time)
 
 
@@ -299,6 +300,7 @@ class Controller:
         the trainer still holds what it read, so the same step is asked again, after a
         backoff; a persistent error ends the job."""
         self.step_errors += 1
+        self.stats.step_retries += 1
         if self.step_errors > MAX_STEP_ERRORS:
             raise JobEnd(
                 "failed",

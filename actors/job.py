@@ -237,6 +237,8 @@ def _summary(
         stale_filtered=run.stale_filtered,
         stream_retries=run.stream_retries,
         stream_failed=run.stream_failed,
+        step_retries=run.step_retries,
+        ledger_reconnects=ledger.reconnects,
         staleness_holds=controller.planner.staleness_holds,
         replicas_dropped=run.replicas_dropped,
         weight_groups_formed=controller.publisher.groups_formed,

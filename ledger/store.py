@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, inspect, select, update
+from sqlalchemy import Connection, Engine, event, insert, inspect, select, update
 
 from rlsys.ledger import migrate
 from rlsys.ledger.apply import ApplyResult, OnConflict, apply_batch
@@ -37,6 +37,13 @@ class Ledger:
     def __init__(self, engine: Engine, retry: RetryPolicy | None = None) -> None:
         self.engine = engine
         self.retry = retry or RetryPolicy()
+        # Connections found dead and replaced (the database restarted under us): what a
+        # fault test reads to know the restart was seen, and what an operator may count.
+        self.reconnects = 0
+        event.listen(engine.pool, "invalidate", self._count_reconnect)
+
+    def _count_reconnect(self, *_args: Any) -> None:
+        self.reconnects += 1
 
     @classmethod
     def open(cls, url: str | None = None, *, create: bool = True, **kw: Any) -> Ledger:

@@ -40,7 +40,11 @@ def require_service(name: str, host: str, port: int) -> None:
     """Skip (locally) or fail (CI) when a service the test needs does not answer."""
     if service_answers(host, port):
         return
-    msg = f"{name} does not answer on {host}:{port}"
+    missing_service(f"{name} does not answer on {host}:{port}")
+
+
+def missing_service(msg: str) -> None:
+    """Skip, saying why; under RLSYS_REQUIRE_SERVICES=1 (CI) fail instead."""
     if os.environ.get("RLSYS_REQUIRE_SERVICES") == "1":
         pytest.fail(msg + " (RLSYS_REQUIRE_SERVICES=1)")
     pytest.skip(msg)

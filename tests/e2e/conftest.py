@@ -40,6 +40,18 @@ def _ray_session():
 
 
 @pytest.fixture
+def tiny_job_file(tmp_path: Path):
+    """The tiny job's YAML as a file (for `rlsys run` in a subprocess)."""
+
+    def make(steps: int = 3) -> Path:
+        path = tmp_path / "job.yaml"
+        path.write_text(TINY_JOB.format(steps=steps, root=tmp_path / "runs"))
+        return path
+
+    return make
+
+
+@pytest.fixture
 def tiny_job(tmp_path: Path):
     from rlsys.cli.job_config import load_job_config
 

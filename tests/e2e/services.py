@@ -12,9 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import PG_HOST, PG_PORT, service_answers
+from tests.conftest import PG_HOST, PG_PORT, missing_service, service_answers
 
 
 def free_port() -> int:
@@ -62,7 +60,7 @@ class RedisServer:
 
 def require_redis_server() -> None:
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+        missing_service("redis-server is not installed")
 
 
 def restart_postgres() -> None:
@@ -82,4 +80,4 @@ def restart_postgres() -> None:
 
 def require_restartable_postgres() -> None:
     if not (shutil.which("pg_ctlcluster") and Path("/etc/postgresql").is_dir()):
-        pytest.skip("this machine's PostgreSQL is not managed by pg_ctlcluster")
+        missing_service("this machine's PostgreSQL is not managed by pg_ctlcluster")

@@ -1,9 +1,13 @@
 """Chaos, end to end: the job on a PostgreSQL ledger and a Redis stream (a server the test
-starts itself, append-only) survives Redis killed and restarted, PostgreSQL restarted, and
-its trainer actor killed. Each time the job completes, `lost` is 0, and the ledger shows
-every trained rollout trained exactly once: the samples the trainer's steps report add up
-to the `trained` rows, and the steps are contiguous (none repeated, none skipped).
-The stop-then-resume case is in test_job_faults.py."""
+starts itself, append-only) meets each fault while a trainer step is in flight and
+rollouts are being published (`StepInFlight`): Redis killed and back within 5 s, Redis
+down past the workers' publish window, PostgreSQL restarted, the trainer actor killed.
+Each test checks that the job saw the fault (connection errors counted, the restart seen
+by the driver, a trainer replaced) and that nothing was lost: the job completes, `lost`
+is 0, and every trained rollout was trained exactly once (the samples the steps report add
+up to the `trained` rows; the steps are contiguous). A missing service fails these tests
+under RLSYS_REQUIRE_SERVICES. The stop-then-resume case is in test_job_faults.py.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,12 @@ import time
 
 import pytest
 import ray
+import sqlalchemy as sa
 
-from rlsys.actors.job import actor_name, run_job
+from rlsys.actors.job import actor_name, ledger_url_for, run_job
+from rlsys.ledger.store import Ledger
 from tests.e2e.accounting import assert_trained_exactly_once
+from tests.e2e.fault_timing import StepInFlight
 from tests.e2e.services import (
     RedisServer,
     require_redis_server,
@@ -40,39 +47,88 @@ def chaos_job(tiny_job, pg_database_url, redis_server):
             steps,
             f"store.ledger_url={pg_database_url}",
             f"store.stream_url={redis_server.url}",
+            # a full window: workers are publishing while the trainer steps
+            "rollout.groups_in_flight=6",
             *sets,
         )
 
     return make
 
 
-def test_redis_killed_and_restarted_and_postgres_restarted_lose_nothing(chaos_job, redis_server):
-    require_restartable_postgres()
+def _run_with_fault(cfg, job_id: str, fault, min_steps: int = 1) -> tuple[dict, dict]:
+    injector = StepInFlight(cfg.store.ledger_url, job_id, fault, min_steps)
+    injector.start()
+    try:
+        summary = run_job(cfg, job_id=job_id, on_event=lambda s: None)
+    finally:
+        injector.stop()
+    assert injector.fired is not None, "the fault never found a step in flight"
+    return summary, injector.fired
+
+
+def _rows(cfg, sql: str, job_id: str) -> list[tuple]:
+    lg = Ledger.open(ledger_url_for(cfg), create=False)
+    try:
+        with lg.engine.connect() as conn:
+            return list(conn.execute(sa.text(sql), {"j": job_id}).all())
+    finally:
+        lg.close()
+
+
+def test_a_five_second_redis_restart_mid_step_drops_nothing(chaos_job, redis_server):
     cfg = chaos_job(3)
-    done = []
 
-    def on_step(m):
-        if m["step"] == 1:  # Redis down for a while: workers' publishes and acks fail
-            redis_server.kill()
-            time.sleep(2.0)
-            redis_server.start()  # the AOF brings back every entry and the group's state
-            done.append("redis")
-        elif m["step"] == 2:
-            restart_postgres()
-            done.append("postgres")
+    def restart_redis() -> None:
+        redis_server.kill()
+        time.sleep(5.0)  # the outage: workers publish into it, the trainer reads into it
+        redis_server.start()  # the AOF brings back every entry and the group's state
 
-    summary = run_job(cfg, on_step=on_step, on_event=lambda s: None)
-    assert done == ["redis", "postgres"]
+    summary, _ = _run_with_fault(cfg, "j-chaos-redis", restart_redis)
+    assert summary["stream_retries"] + summary["step_retries"] > 0  # the outage was met
+    assert summary["dropped"] == 0 and summary["terminal"]["failed_stream"] == 0
     assert_trained_exactly_once(cfg, summary, 3)
 
 
-def test_killed_trainer_is_replaced_and_trains_every_sample_once(chaos_job):
+def test_a_redis_outage_past_the_publish_window_ends_rollouts_failed_stream(
+    chaos_job, redis_server
+):
+    cfg = chaos_job(3, "store.stream_retry_s=1")
+
+    def long_outage() -> None:
+        redis_server.kill()
+        time.sleep(8.0)
+        redis_server.start()
+
+    summary, _ = _run_with_fault(cfg, "j-chaos-stream", long_outage)
+    failed = _rows(
+        cfg,
+        "SELECT id, attempt FROM rollouts WHERE job_id = :j AND state = 'failed_stream'",
+        "j-chaos-stream",
+    )
+    retried = {
+        r
+        for (r,) in _rows(cfg, "SELECT retry_of FROM rollouts WHERE job_id = :j", "j-chaos-stream")
+    }
+    assert failed, "no rollout finished during the outage"
+    assert summary["terminal"]["failed_worker_lost"] == 0  # no worker died: never named so
+    assert all(rid in retried for rid, attempt in failed if attempt == 0)  # linked retries
+    assert_trained_exactly_once(cfg, summary, 3)
+
+
+def test_postgres_restarted_mid_step_is_seen_and_loses_nothing(chaos_job):
+    require_restartable_postgres()
+    cfg = chaos_job(3)
+    summary, _ = _run_with_fault(cfg, "j-chaos-pg", restart_postgres)
+    assert summary["ledger_reconnects"] > 0  # the driver found its connections dead
+    assert_trained_exactly_once(cfg, summary, 3)
+
+
+def test_a_trainer_killed_mid_step_is_replaced_and_trains_every_sample_once(chaos_job):
     cfg = chaos_job(3)
 
-    def on_step(m):
-        if m["step"] == 1:
-            ray.kill(ray.get_actor(actor_name(m["job_id"], "trainer-0")), no_restart=True)
+    def kill_trainer() -> None:
+        ray.kill(ray.get_actor(actor_name("j-chaos-trainer", "trainer-0")), no_restart=True)
 
-    summary = run_job(cfg, on_step=on_step, on_event=lambda s: None)
+    summary, _ = _run_with_fault(cfg, "j-chaos-trainer", kill_trainer)
     assert summary["trainer_restarts"] == 1
     assert_trained_exactly_once(cfg, summary, 3)
