@@ -335,6 +335,7 @@ class Controller:
             **self.planner.closed.as_metrics(),
             "filtered_stale": sum(f.state == S.FILTERED_STALE.value for f in report.filtered),
             "task_pass_rate": profiles.pass_rate(),
+            "fresh_pass_rate": profiles.fresh_pass_rate(),
             "prompt_mix": profiles.mix(),
             "step": self.step,
             "policy_version": self.version,

@@ -243,6 +243,7 @@ def _summary(
         replicas_dropped=run.replicas_dropped,
         weight_groups_formed=controller.publisher.groups_formed,
         task_pass_rate=controller.planner.profiles.pass_rate(),
+        fresh_pass_rate=controller.planner.profiles.fresh_pass_rate(),
         prompt_mix=controller.planner.profiles.mix(),
     )
     return out

@@ -29,6 +29,7 @@ from rlsys.config.curriculum import CurriculumConfig
 
 PRIOR_ROLLOUTS = 2.0  # how many rollouts' worth the all-prompt pass rate weighs in a profile
 UNBOUNDED_INDEX = 1 << 30
+FRESH_WINDOW = 64  # rollouts the fresh-prompt pass rate is taken over
 
 
 class TaskProfiles:
@@ -37,6 +38,10 @@ class TaskProfiles:
         self.recent: dict[int, deque[bool]] = {}  # prompt -> passed?, last `window`
         self.retired: set[int] = set()
         self.stream: deque[bool] = deque(maxlen=cfg.solved_window)  # unbounded: last rollouts
+        self.seen: dict[int, int] = {}  # prompt -> rollouts recorded, ever
+        # Rollouts of a prompt's first group: the policy meeting prompts it was not steered
+        # to by their history, so their pass rate measures it without the curriculum's bias.
+        self.fresh: deque[bool] = deque(maxlen=FRESH_WINDOW)
 
     @property
     def bounded(self) -> bool:
@@ -46,6 +51,9 @@ class TaskProfiles:
         """One scored rollout of `task_index`."""
         passed = reward >= self.cfg.pass_reward
         self.stream.append(passed)
+        seen = self.seen[task_index] = self.seen.get(task_index, 0) + 1
+        if seen <= self.group_size:
+            self.fresh.append(passed)
         if not self.bounded:
             return
         window = self.recent.setdefault(task_index, deque(maxlen=self.cfg.window))
@@ -96,6 +104,11 @@ class TaskProfiles:
             sum(w) / len(w) for i, w in self.recent.items() if i not in self.retired and w
         )
         return total / self.cfg.task_set
+
+    def fresh_pass_rate(self) -> float | None:
+        """The pass rate of the last rollouts of prompts in their first group (None before
+        any): how the policy does on prompts nothing steered it to."""
+        return sum(self.fresh) / len(self.fresh) if self.fresh else None
 
     def solved(self) -> bool:
         rate, goal = self.pass_rate(), self.cfg.solved_pass_rate

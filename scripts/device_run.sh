@@ -91,7 +91,10 @@ sys.exit(subprocess.run([bwrap_path(), '--unshare-all', '--die-with-parent', '--
       grep '^step ' "$OUT/job.json" | tail -n 40
       python3 -c "import json; d = json.loads(open('$OUT/job.json').read().strip().splitlines()[-1]); print({k: v for k, v in d.items() if k != 'steps'})
 for m in d['steps']: print(m['step'], m['reward_mean'], m['staleness'], m.get('mismatch'), m['step_s'])" || true
-      cp runs/ledger.db "$OUT/ledger.db" 2>/dev/null
+      # The ledger runs in WAL mode: fold the log into the file first, so the copy holds
+      # everything the job wrote (a bare copy of ledger.db can miss its last transactions).
+      python3 -c "import sqlite3; c = sqlite3.connect('runs/ledger.db'); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" \
+        && cp runs/ledger.db "$OUT/ledger.db" 2>/dev/null
       tail -n 30 /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | grep -v -i warn | tail -60 > "$OUT/ray-workers.log" ;;
     *) echo "unknown step $step" ;;
   esac

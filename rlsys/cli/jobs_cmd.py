@@ -140,8 +140,10 @@ def stop(job_id: str, db: str | None, address: str | None, wait: bool, timeout: 
 def _wait_until_ended(db: str | None, job_id: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while True:
+        from rlsys.ledger.liveness import effective_status
+
         with _reader(db) as reader:
-            state = reader.get_job(job_id)["status"]
+            state = effective_status(reader.get_job(job_id))
         if state not in LIVE:
             return state
         if time.monotonic() > deadline:

@@ -63,6 +63,7 @@ def stats(db: str | None, job_id: str | None, as_json: bool) -> None:
         for k in (
             "job_id",
             "job_status",
+            "end_reason",
             "expected",
             "in_flight",
             "consumed",

@@ -22,7 +22,8 @@ def _progress_line(m: dict[str, Any]) -> str:
     st, dr = m.get("staleness", {}), m.get("logprob_drift", {})
     return (
         f"step {m['step']:>4}  v{m['policy_version']:<4} reward {m.get('reward_mean', 0):.3f}  "
-        f"{_pass_rate(m.get('task_pass_rate'))}{_generation(m)}"
+        f"{_pass_rate(m.get('task_pass_rate'), m.get('fresh_pass_rate'))}"
+        f"{_mix(m.get('prompt_mix'))}{_generation(m)}"
         f"staleness {st.get('mean', 0):.2f}/{st.get('max', 0)}  "
         f"drift {dr.get('mean_abs', 0):.2e}/{dr.get('max_abs', 0):.2e}  "
         f"{_mismatch(m.get('mismatch'))}"
@@ -31,8 +32,17 @@ def _progress_line(m: dict[str, Any]) -> str:
     )
 
 
-def _pass_rate(rate: float | None) -> str:
-    return "" if rate is None else f"pass {rate:.2f}  "
+def _pass_rate(rate: float | None, fresh: float | None) -> str:
+    """The task set's pass rate, and that of prompts at their first draw."""
+    out = "" if rate is None else f"pass {rate:.2f}  "
+    return out + ("" if fresh is None else f"fresh {fresh:.2f}  ")
+
+
+def _mix(mix: dict[str, int] | None) -> str:
+    """The task set's prompts: retired (solved), drawn rarely (hopeless so far), untried."""
+    if not mix:
+        return ""
+    return f"prompts {mix['retired']} solved/{mix['rare']} rare/{mix['untried']} untried  "
 
 
 def _generation(m: dict[str, Any]) -> str:

@@ -91,3 +91,13 @@ def test_profiles_rebuilt_from_history_draw_what_the_live_ones_would():
 def test_a_retire_window_longer_than_the_profile_is_refused():
     with pytest.raises(ValueError, match="retire_after"):
         CurriculumConfig(window=4, retire_after=5)
+
+
+def test_the_fresh_pass_rate_counts_only_a_prompts_first_group():
+    p = _profiles(group_size=2)
+    assert p.fresh_pass_rate() is None
+    for r in (1.0, 0.0):  # prompt 1's first group
+        p.record(1, r)
+    for _ in range(6):  # its revisits: not fresh
+        p.record(1, 1.0)
+    assert p.fresh_pass_rate() == 0.5
