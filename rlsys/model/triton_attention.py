@@ -146,4 +146,5 @@ def _kl_chunk(qi: Tensor, bk_seq: Tensor, ids: Tensor, mass: Tensor) -> tuple[Te
     target = target / total.clamp_min(1e-30)
     log_pred = torch.log_softmax(logits, dim=-1).masked_fill(~keep, 0.0)
     kl = (target * (torch.log(target.clamp_min(1e-30)) - log_pred)).sum(-1)
-    return kl[usable].sum(), usable.sum().to(kl.dtype)
+    # where, not kl[usable]: boolean indexing reads the count back to the host (a sync)
+    return torch.where(usable, kl, 0.0).sum(), usable.sum().to(kl.dtype)
