@@ -4,10 +4,11 @@ sequences, with the invariant products and with every product on plain cuBLAS (t
 Usage (GPU machine): python benchmarks/bench_trainer_gpu.py [--preset large]
     [--lengths 8192,32768] [--checkpointing off,on] [--repeat 2] [--linear invariant,plain]
 
-Per linear mode (`rlsys.kernels.triton_ops.products`: `invariant` is the engine's forward,
-`plain` every product on cuBLAS / grouped GEMM with its default workspace, no chunk tree:
-the ceiling of the invariant design) one process (cuBLAS's workspace is fixed when CUDA
-starts), one model built on the GPU; per (sequence length, activation checkpointing): two
+Per sequence length and linear mode (`rlsys.kernels.triton_ops.products`: `invariant` is the
+engine's forward, `plain` every product on cuBLAS / grouped GEMM with its default
+workspace, no chunk tree: the ceiling of the invariant design) one process (cuBLAS's
+workspace is fixed when CUDA starts) and one model built on the GPU; each length runs in
+every mode before the next; per activation-checkpointing setting: two
 trajectories of that length (a 256-token prompt, then policy tokens; behaviour log-probs,
 routed experts and top-64 candidate sets recorded by a no-grad packed forward, as the
 engine records them), replay on, chunked LM head, one warm-up step, then `--repeat` timed
@@ -96,9 +97,8 @@ def gpu_busy(step: Callable[[], object]) -> tuple[float, float]:
         step()
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    kernel_us = sum(
-        e.device_time for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0
-    )
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     return kernel_us / 1e6, wall
 
 
@@ -177,23 +177,23 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}; 2 sequences per step, replay on, chunked LM head"
     )
     modes = args.linear.split(",")
-    rows: dict[str, list[dict]] = {}
-    for mode in modes:
-        # plain: cuBLAS with its default workspace (the invariant mode's is set at import)
-        env = {k: v for k, v in os.environ.items() if mode != "plain" or k not in WORKSPACE_ENV}
-        env["RLSYS_LINEAR"] = mode
-        cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--lengths",
-               args.lengths, "--checkpointing", args.checkpointing, "--repeat", str(args.repeat)]  # fmt: skip
-        # streamed: a call cut off by its time limit still shows the rows it measured
-        child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-        assert child.stdout is not None
-        rows[mode] = []
-        for line in child.stdout:
-            if line.startswith("ROW "):
-                rows[mode].append(json.loads(line[4:]))
-                print(f"[{mode}] {line[4:].strip()}", flush=True)
-        if child.wait():
-            print(f"[{mode}: exit {child.returncode}]", flush=True)
+    rows: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for length in args.lengths.split(","):  # each length for every mode before the next
+        for mode in modes:
+            # plain: cuBLAS with its default workspace (the invariant mode's is set at import)
+            env = {k: v for k, v in os.environ.items() if mode != "plain" or k not in WORKSPACE_ENV}
+            env["RLSYS_LINEAR"] = mode
+            cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--lengths",
+                   length, "--checkpointing", args.checkpointing, "--repeat", str(args.repeat)]  # fmt: skip
+            # streamed: a call cut off by its time limit still shows the rows it measured
+            child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+            assert child.stdout is not None
+            for line in child.stdout:
+                if line.startswith("ROW "):
+                    rows[mode].append(json.loads(line[4:]))
+                    print(f"[{mode}] {line[4:].strip()}", flush=True)
+            if child.wait():
+                print(f"[{mode}: exit {child.returncode}]", flush=True)
     anchor = modes[-1]
     head = "| tokens/seq | activation ckpt | linear | tokens/s | step s | MFU | GPU busy | peak GiB"
     print(f"\n{head} | vs {anchor} |")

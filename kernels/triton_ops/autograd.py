@@ -21,6 +21,28 @@ from rlsys.kernels.triton_ops.norm_bwd import rms_norm_bwd
 from rlsys.kernels.triton_ops.products import grouped_mm, products
 from rlsys.kernels.triton_ops.swiglu import silu_mul_bwd
 
+SPLIT_ROWS = 4096  # rows per part of a weight gradient's reduction (`weight_grad`)
+
+
+def weight_grad(g: Tensor, x: Tensor) -> Tensor:
+    """`g.T @ x` (N, K) for g (M, N), x (M, K): a weight's gradient, reduced over the rows.
+
+    With cuBLAS's workspace at zero (`products.py`) cuBLAS cannot split this long reduction
+    over thread blocks, and an (N, K) output of 1024 x 1024 is only 32-64 output tiles for
+    132 SMs. So the rows are cut into parts of SPLIT_ROWS, one batched GEMM gives each
+    part's product, and the parts are summed in fp32 (a fixed order: the backward needs no
+    batch invariance, only the same bits on every run)."""
+    m = g.shape[0]
+    parts = m // SPLIT_ROWS
+    if parts < 2:
+        return g.t() @ x
+    main = parts * SPLIT_ROWS
+    gp = g[:main].reshape(parts, SPLIT_ROWS, -1).transpose(1, 2)
+    total = torch.bmm(gp, x[:main].reshape(parts, SPLIT_ROWS, -1)).sum(0, dtype=torch.float32)
+    if main < m:
+        total += g[main:].t() @ x[main:]
+    return total.to(g.dtype)
+
 
 class Linear(torch.autograd.Function):
     @staticmethod
@@ -33,7 +55,7 @@ class Linear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         g = g.to(w.dtype)
         gx = (g @ w).to(x.dtype) if ctx.needs_input_grad[0] else None
-        gw = (g.t() @ x.to(w.dtype)) if ctx.needs_input_grad[1] else None
+        gw = weight_grad(g, x.to(w.dtype)) if ctx.needs_input_grad[1] else None
         return gx, gw
 
 
@@ -48,7 +70,7 @@ class LinearTree(torch.autograd.Function):
         x, w = ctx.saved_tensors
         g = g.to(w.dtype)
         gx = (g @ w).to(x.dtype) if ctx.needs_input_grad[0] else None
-        gw = (g.t() @ x.to(w.dtype)) if ctx.needs_input_grad[1] else None
+        gw = weight_grad(g, x.to(w.dtype)) if ctx.needs_input_grad[1] else None
         return gx, gw, None
 
 
@@ -68,7 +90,7 @@ class SwiGLU(torch.autograd.Function):
         # one GEMM recomputes both halves, one kernel gives both gradients, one GEMM each
         # for the input and the stacked weights
         d13 = silu_mul_bwd(xw @ w13.t(), g.to(w1.dtype))
-        g13 = d13.t() @ xw
+        g13 = weight_grad(d13, xw)
         return (d13 @ w13).to(x.dtype), g13[:h], g13[h:]
 
 

@@ -194,3 +194,39 @@ def test_an_experts_rows_do_not_depend_on_the_other_experts(
                         f"{name} {shape} expert {expert}"
                     )
                 start += c
+
+
+COLUMNS = [s for s in SHAPES if s[1] in ("column", "swiglu", "grouped_swiglu")]
+
+
+@pytest.mark.parametrize(
+    "name,kind,shape,dtype", COLUMNS, ids=[f"{s[0]}-{s[1]}-{s[2]}" for s in COLUMNS]
+)
+def test_column_shards_give_the_whole_products_columns(
+    name: str, kind: str, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """Tensor parallelism splits a column product's N over ranks: a rank's shard of the
+    weight must give exactly its columns of the whole product, at every degree."""
+    p = products()
+    w, w3 = _rand(*shape, dtype=dtype, seed=1), _rand(*shape, dtype=dtype, seed=2)
+    n, k = shape[-2], shape[-1]
+    route = _one_expert(shape[0])
+
+    def run(x: Tensor, w: Tensor, w3: Tensor) -> Tensor:
+        if kind == "column":
+            return p.column(x, w)
+        if kind == "swiglu":
+            return p.swiglu(x, w, w3)
+        return p.grouped_swiglu(x, w, w3, *route(x.shape[0]))
+
+    for m in (1, 7, 64, 1000):
+        x = _rand(m, k, dtype=dtype, seed=m)
+        whole = run(x, w, w3)
+        for degree in (2, 4, 8):
+            if n % degree or (n // degree) % 8:
+                continue
+            size = n // degree
+            for r in range(degree):
+                cols = slice(r * size, (r + 1) * size)
+                shard = run(x, w[..., cols, :].contiguous(), w3[..., cols, :].contiguous())
+                assert torch.equal(shard, whole[:, cols]), f"{name} {shape} TP {degree} rank {r}"
