@@ -1,13 +1,20 @@
-"""Trainer tokens/s and MFU on one GPU: `train_step` on long engine-like sequences.
+"""Trainer tokens/s, MFU and GPU-busy share on one GPU: `train_step` on long engine-like
+sequences, with the invariant products and with every product on plain cuBLAS (the ceiling).
 
 Usage (GPU machine): python benchmarks/bench_trainer_gpu.py [--preset large]
-    [--lengths 8192,32768] [--checkpointing off,on] [--repeat 2]
+    [--lengths 8192,32768] [--checkpointing off,on] [--repeat 2] [--linear invariant,plain]
 
-Per (sequence length, activation checkpointing): one trajectory of that length (a 256-token
-prompt, then policy tokens; behaviour log-probs, routed experts and top-64 candidate sets
-recorded by a no-grad packed forward, as the engine records them), replay on, chunked LM
-head, one warm-up step, then `--repeat` timed steps (the best is shown). Model FLOPs per
-token = 6 x active parameters in matrix products (routed top-k + shared experts,
+Per sequence length and linear mode (`rlsys.kernels.triton_ops.products`: `invariant` is the
+engine's forward, `plain` every product on cuBLAS / grouped GEMM with its default
+workspace, no chunk tree: the ceiling of the invariant design) one process (cuBLAS's
+workspace is fixed when CUDA starts) and one model built on the GPU; each length runs in
+every mode before the next; per activation-checkpointing setting: two
+trajectories of that length (a 256-token prompt, then policy tokens; behaviour log-probs,
+routed experts and top-64 candidate sets recorded by a no-grad packed forward, as the
+engine records them), replay on, chunked LM head, one warm-up step, then `--repeat` timed
+steps (the best is shown), then one step under the torch profiler for the GPU-busy share
+(kernel time / that step's wall; the profiler's own overhead lowers it a little). Model
+FLOPs per token = 6 x active parameters in matrix products (routed top-k + shared experts,
 projections, index projections, LM head) + attention: 12 x heads x head_dim x keys seen per
 layer (the SWA window, or Sparse GQA's selected top-k keys) + the indexer's block scores
 (6 x groups x index_dim x past blocks). MFU = model FLOPs / step time / 989 TFLOP/s (the
@@ -17,17 +24,23 @@ H200's dense bf16 peak); recomputation under checkpointing is not counted as use
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlsys.config.algo import AlgoConfig  # noqa: E402
 from rlsys.config.job import TrainerSection  # noqa: E402
-from rlsys.config.model import ModelConfig, preset  # noqa: E402
+from rlsys.config.model import preset  # noqa: E402
+from rlsys.kernels.dispatch import WORKSPACE_ENV  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
 from rlsys.trainer import Trainer  # noqa: E402
 from rlsys.trajectory import Segment, Trajectory  # noqa: E402
@@ -76,9 +89,21 @@ def trajectory(model: Transformer, length: int) -> Trajectory:
     return Trajectory("r0", "g", "t", [seg], reward=1.0)
 
 
-def one(cfg: ModelConfig, length: int, checkpointing: bool, repeat: int) -> dict[str, float]:
+def gpu_busy(step: Callable[[], object]) -> tuple[float, float]:
+    """(GPU kernel seconds, wall seconds) of one call of `step` under the profiler."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    return kernel_us / 1e6, wall
+
+
+def one(model: Transformer, length: int, checkpointing: bool, repeat: int) -> dict[str, float]:
     torch.manual_seed(0)
-    model = Transformer(cfg).cuda()
     trajs = [trajectory(model, length), trajectory(model, length)]
     trajs[1].reward = 0.0  # a group with variance: the step is not filtered
     section = TrainerSection(
@@ -100,13 +125,35 @@ def one(cfg: ModelConfig, length: int, checkpointing: bool, repeat: int) -> dict
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     best = min(times)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    kernel_s, wall = gpu_busy(lambda: trainer.train_step(trajs))
     tokens = 2 * length
     return {
         "tok_s": tokens / best,
         "step_s": best,
         "mfu": 2 * model_flops(model, length) / best / PEAK_FLOPS,
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "busy": kernel_s / wall,
+        "peak_gib": peak,
     }
+
+
+def run_mode(args: argparse.Namespace) -> None:
+    """This process's mode (`RLSYS_LINEAR`): one JSON line per configuration."""
+    cfg = preset(args.preset)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Transformer(cfg)
+    for length in (int(x) for x in args.lengths.split(",")):
+        for ckpt in args.checkpointing.split(","):
+            row: dict[str, object] = {"length": length, "ckpt": ckpt}
+            try:
+                model.set_activation_checkpointing(ckpt == "on")
+                row.update(one(model, length, ckpt == "on", args.repeat))
+            except torch.OutOfMemoryError:
+                row["oom"] = True
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            print("ROW " + json.dumps(row), flush=True)
 
 
 def main() -> None:
@@ -115,29 +162,54 @@ def main() -> None:
     p.add_argument("--lengths", default="8192,32768")
     p.add_argument("--checkpointing", default="off,on")
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--linear", default="invariant,plain", help="comma list of linear modes")
+    p.add_argument("--child", action="store_true", help="run one mode in this process")
     args = p.parse_args()
+    if args.child:
+        run_mode(args)
+        return
     cfg = preset(args.preset)
-    model = Transformer(cfg)
+    with torch.device("meta"):
+        model = Transformer(cfg)
     print(
         f"preset {args.preset}: {model.num_parameters():,} parameters "
         f"({model.num_parameters(active=True):,} active), {cfg.compute_dtype}; "
         f"{torch.cuda.get_device_name()}; 2 sequences per step, replay on, chunked LM head"
     )
-    del model
-    print("\n| tokens/seq | activation ckpt | tokens/s | step s | MFU | peak GiB |")
-    print("|---:|---|---:|---:|---:|---:|")
-    for length in (int(x) for x in args.lengths.split(",")):
-        for ckpt in args.checkpointing.split(","):
-            try:
-                r = one(cfg, length, ckpt == "on", args.repeat)
-                print(
-                    f"| {length} | {ckpt} | {r['tok_s']:,.0f} | {r['step_s']:.2f} "
-                    f"| {r['mfu']:.1%} | {r['peak_gib']:.1f} |",
-                    flush=True,
-                )
-            except torch.OutOfMemoryError:
-                print(f"| {length} | {ckpt} | out of memory | | | |", flush=True)
-            torch.cuda.empty_cache()
+    modes = args.linear.split(",")
+    rows: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for length in args.lengths.split(","):  # each length for every mode before the next
+        for mode in modes:
+            # plain: cuBLAS with its default workspace (the invariant mode's is set at import)
+            env = {k: v for k, v in os.environ.items() if mode != "plain" or k not in WORKSPACE_ENV}
+            env["RLSYS_LINEAR"] = mode
+            cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--lengths",
+                   length, "--checkpointing", args.checkpointing, "--repeat", str(args.repeat)]  # fmt: skip
+            # streamed: a call cut off by its time limit still shows the rows it measured
+            child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+            assert child.stdout is not None
+            for line in child.stdout:
+                if line.startswith("ROW "):
+                    rows[mode].append(json.loads(line[4:]))
+                    print(f"[{mode}] {line[4:].strip()}", flush=True)
+            if child.wait():
+                print(f"[{mode}: exit {child.returncode}]", flush=True)
+    anchor = modes[-1]
+    head = "| tokens/seq | activation ckpt | linear | tokens/s | step s | MFU | GPU busy | peak GiB"
+    print(f"\n{head} | vs {anchor} |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    for mode in modes:
+        for i, r in enumerate(rows[mode]):
+            if r.get("oom"):
+                print(f"| {r['length']} | {r['ckpt']} | {mode} | out of memory | | | | | |")
+                continue
+            ref = rows[anchor][i] if i < len(rows[anchor]) else {}
+            ratio = f"{r['tok_s'] / ref['tok_s']:.2f}" if ref.get("tok_s") else ""
+            print(
+                f"| {r['length']} | {r['ckpt']} | {mode} | {r['tok_s']:,.0f} | {r['step_s']:.3f} "
+                f"| {r['mfu']:.1%} | {r['busy']:.0%} | {r['peak_gib']:.1f} | {ratio} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ Usage (GPU machine): python benchmarks/profile_trainer_gpu.py [--preset large] [
     [--length 8192]
 The preset is cut to `--layers` blocks (same 3:1 pattern) so the profile is quick; one
 warm-up `train_step` on two sequences of `--length` tokens (replay on, chunked LM head),
-then one profiled step: wall time, GPU kernel time, and the top ops by device and host time.
+then one profiled step: wall time, GPU kernel time and its share of the wall (GPU busy), the
+top ops by device and host time, and per step the kernel launches and `aten` op calls (all,
+and the most frequent). Depends only on APIs main has had since the trainer existed, so the
+same script measures an older tree (copy it over) for a before/after.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from rlsys.config.job import TrainerSection  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
 from rlsys.model import Transformer  # noqa: E402
 from rlsys.trainer import Trainer  # noqa: E402
+
+# the runtime calls that start a kernel (launch count = their calls)
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
 def main() -> None:
@@ -55,7 +61,23 @@ def main() -> None:
     print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=50))
     gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     print(f"{args.preset} cut to {args.layers} blocks, 2 x {args.length} tokens")
-    print(f"step wall (profiled) {wall:.2f} s; GPU kernel time {gpu_us / 1e6:.2f} s")
+    print(
+        f"step wall (profiled) {wall:.2f} s; GPU kernel time {gpu_us / 1e6:.2f} s; "
+        f"GPU busy {gpu_us / 1e6 / wall:.1%}"
+    )
+    launches = sum(e.count for e in events if e.key in LAUNCHES)
+    kernels = sum(
+        e.count
+        for e in events
+        if e.device_type.name == "CUDA" and not e.key.startswith(("Memcpy", "Memset"))
+    )
+    aten = {e.key: e.count for e in events if e.key.startswith("aten::")}
+    top = sorted(aten.items(), key=lambda kv: -kv[1])[:8]
+    print(
+        f"per step: {kernels:,} GPU kernels run, {launches:,} launch calls seen by the "
+        f"profiler; {sum(aten.values()):,} aten op calls"
+    )
+    print("most frequent aten ops: " + ", ".join(f"{k[6:]} {v:,}" for k, v in top))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
 #   sched     benchmarks/bench_linear_schedules.py (serial / split schedules vs cuBLAS in graphs)
-#   dense     the invariant linear's kernel tests (schedules, dense, grouped) only
+#   dense     the invariant linear's kernel tests (schedules, dense, grouped, the dispatcher's
+#             batch invariance at every preset shape) only
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
 #             wheels of pydantic, SQLAlchemy, alembic, jsonschema, ...; JOB_ARGS adds --set's)
 set -u
@@ -37,12 +38,13 @@ for step in "$@"; do
         tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
         tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
         tests/kernels/test_reference_cuda.py tests/kernels/test_linear_schedules.py \
-        tests/engine/test_decode_graphs.py tests/trainer/test_fsdp_cuda.py 2>&1 \
+        tests/engine/test_decode_graphs.py tests/trainer/test_fsdp_cuda.py \
+        tests/kernels/test_linear_invariance.py 2>&1 \
         | tee "$OUT/tests.log" | tail -40 ;;
     dense)
       timeout "${DENSE_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
-        tests/kernels/test_linear_schedules.py tests/kernels/test_triton_dense.py 2>&1 \
-        | tee "$OUT/dense.log" | tail -20 ;;
+        tests/kernels/test_linear_schedules.py tests/kernels/test_triton_dense.py \
+        tests/kernels/test_linear_invariance.py 2>&1 | tee "$OUT/dense.log" | tail -20 ;;
     sched)
       timeout "${SCHED_TIMEOUT:-150}" python3 benchmarks/bench_linear_schedules.py ${SCHED_ARGS:-} \
         2>&1 | tee "$OUT/sched.log" ;;

@@ -1,9 +1,12 @@
-"""`torch.autograd.Function` wrappers: Triton forward (batch-invariant), torch backward.
+"""`torch.autograd.Function` wrappers: batch-invariant forward, fast backward.
 
-Each wrapper's forward is the batch-invariant kernel; its backward is the plain math of
-the same function in torch (grad of x @ w.T is g @ w and g.T @ x, ...), because only the
-forward value must agree between engine and trainer. Attention's backward is the Triton
-backward (`attention_bwd`): dense torch would need the L x L matrix.
+Each wrapper's forward is the product the dispatcher picks (`products.py`: cuBLAS where it
+is batch-invariant, the Triton kernels elsewhere); its backward is the plain math of the
+same function on cuBLAS and grouped GEMMs (grad of x @ w.T is g @ w and g.T @ x, ...),
+because only the forward value must agree between engine and trainer. Invariant: no
+backward reads a device value on the host (the MoE's expert offsets stay on the device).
+Attention's backward is the Triton backward (`attention_bwd`): dense torch would need the
+L x L matrix.
 """
 
 from __future__ import annotations
@@ -13,22 +16,46 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlsys.kernels.triton_ops import linear as lin
 from rlsys.kernels.triton_ops import rows
+from rlsys.kernels.triton_ops.norm_bwd import rms_norm_bwd
+from rlsys.kernels.triton_ops.products import grouped_mm, products
+from rlsys.kernels.triton_ops.swiglu import silu_mul_bwd
+
+SPLIT_ROWS = 4096  # rows per part of a weight gradient's reduction (`weight_grad`)
+
+
+def weight_grad(g: Tensor, x: Tensor) -> Tensor:
+    """`g.T @ x` (N, K) for g (M, N), x (M, K): a weight's gradient, reduced over the rows.
+
+    With cuBLAS's workspace at zero (`products.py`) cuBLAS cannot split this long reduction
+    over thread blocks, and an (N, K) output of 1024 x 1024 is only 32-64 output tiles for
+    132 SMs. So the rows are cut into parts of SPLIT_ROWS, one batched GEMM gives each
+    part's product, and the parts are summed in fp32 (a fixed order: the backward needs no
+    batch invariance, only the same bits on every run)."""
+    m = g.shape[0]
+    parts = m // SPLIT_ROWS
+    if parts < 2:
+        return g.t() @ x
+    main = parts * SPLIT_ROWS
+    gp = g[:main].reshape(parts, SPLIT_ROWS, -1).transpose(1, 2)
+    total = torch.bmm(gp, x[:main].reshape(parts, SPLIT_ROWS, -1)).sum(0, dtype=torch.float32)
+    if main < m:
+        total += g[main:].t() @ x[main:]
+    return total.to(g.dtype)
 
 
 class Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, w: Tensor) -> Tensor:
         ctx.save_for_backward(x, w)
-        return lin.linear_fwd(x, w)
+        return products().column(x, w)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
         g = g.to(w.dtype)
         gx = (g @ w).to(x.dtype) if ctx.needs_input_grad[0] else None
-        gw = (g.t() @ x.to(w.dtype)) if ctx.needs_input_grad[1] else None
+        gw = weight_grad(g, x.to(w.dtype)) if ctx.needs_input_grad[1] else None
         return gx, gw
 
 
@@ -36,29 +63,15 @@ class LinearTree(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
         ctx.save_for_backward(x, w)
-        return lin.linear_tree_fwd(x, w, n_chunks)
+        return products().row_tree(x, w, n_chunks)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         x, w = ctx.saved_tensors
         g = g.to(w.dtype)
         gx = (g @ w).to(x.dtype) if ctx.needs_input_grad[0] else None
-        gw = (g.t() @ x.to(w.dtype)) if ctx.needs_input_grad[1] else None
+        gw = weight_grad(g, x.to(w.dtype)) if ctx.needs_input_grad[1] else None
         return gx, gw, None
-
-
-def _swiglu_grads(x: Tensor, w1: Tensor, w3: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Grads of silu(x w1^T) * (x w3^T) for one weight pair (fp32 internally)."""
-    xf = x.to(w1.dtype)
-    a1 = (xf @ w1.t()).float()
-    a3 = (xf @ w3.t()).float()
-    sig = torch.sigmoid(a1)
-    gf = g.float()
-    da3 = gf * a1 * sig
-    da1 = gf * a3 * sig * (1 + a1 * (1 - sig))
-    da1, da3 = da1.to(w1.dtype), da3.to(w1.dtype)
-    gx = da1 @ w1 + da3 @ w3
-    return gx, da1.t() @ xf, da3.t() @ xf
 
 
 class SwiGLU(torch.autograd.Function):
@@ -67,64 +80,90 @@ class SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
         ctx.save_for_backward(x, w1, w3)
-        return lin.swiglu_fwd(x, w1, w3)
+        return products().swiglu(x, w1, w3)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, w1, w3 = ctx.saved_tensors
-        gx, g1, g3 = _swiglu_grads(x, w1, w3, g)
-        return gx.to(x.dtype), g1, g3
+        h = w1.shape[0]
+        xw, w13 = x.to(w1.dtype), torch.cat([w1, w3])
+        # one GEMM recomputes both halves, one kernel gives both gradients, one GEMM each
+        # for the input and the stacked weights
+        d13 = silu_mul_bwd(xw @ w13.t(), g.to(w1.dtype))
+        g13 = weight_grad(d13, xw)
+        return (d13 @ w13).to(x.dtype), g13[:h], g13[h:]
 
 
 class GroupedSwiGLU(torch.autograd.Function):
-    """Per expert e: silu(x_e w1[e]^T) * (x_e w3[e]^T); rows sorted by expert."""
+    """Per expert e: silu(x_e w1[e]^T) * (x_e w3[e]^T); rows sorted by expert.
+
+    `offsets` (E,) int32 on the device: the cumulative expert row counts. The backward is
+    four grouped GEMMs (`torch._grouped_mm`) and one element-wise kernel over every expert
+    at once: no expert count reaches the host."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, w1: Tensor, w3: Tensor, counts: list[int], tiles: tuple
+        ctx: Any, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
     ) -> Tensor:
-        ctx.save_for_backward(x, w1, w3)
-        ctx.counts = counts
-        return lin.swiglu_fwd(x, w1, w3, tiles)
+        ctx.save_for_backward(x, w1, w3, offsets)
+        return products().grouped_swiglu(x, w1, w3, offsets, tiles)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        x, w1, w3 = ctx.saved_tensors
-        gx = torch.zeros_like(x)
-        g1, g3 = torch.zeros_like(w1), torch.zeros_like(w3)
-        start = 0
-        for e, count in enumerate(ctx.counts):
-            if count:
-                rows = slice(start, start + count)
-                gx[rows], g1[e], g3[e] = _swiglu_grads(x[rows], w1[e], w3[e], g[rows])
-            start += count
-        return gx, g1, g3, None, None
+        x, w1, w3, offsets = ctx.saved_tensors
+        h = w1.shape[1]
+        xw, w13 = x.to(w1.dtype), torch.cat([w1, w3], dim=1)  # (E, 2H, K)
+        d13 = silu_mul_bwd(grouped_mm(xw, w13.transpose(1, 2), offsets), g.to(w1.dtype))
+        gx = grouped_mm(d13, w13, offsets)
+        g13 = _empty_experts_zero(grouped_mm(d13.t(), xw, offsets), offsets)
+        return gx.to(x.dtype), g13[:, :h], g13[:, h:], None, None
 
 
 class GroupedTree(torch.autograd.Function):
-    """Per expert e: fp32 tree product h_e @ w2[e].T; rows sorted by expert."""
+    """Per expert e: fp32 tree product h_e @ w2[e].T; rows sorted by expert (backward as
+    `GroupedSwiGLU`'s: grouped GEMMs, offsets on the device)."""
 
     @staticmethod
     def forward(
-        ctx: Any, h: Tensor, w2: Tensor, counts: list[int], tiles: tuple, n_chunks: int
+        ctx: Any, h: Tensor, w2: Tensor, offsets: Tensor, tiles: tuple, n_chunks: int
     ) -> Tensor:
-        ctx.save_for_backward(h, w2)
-        ctx.counts = counts
-        return lin.grouped_tree_fwd(h, w2, tiles, n_chunks)
+        ctx.save_for_backward(h, w2, offsets)
+        return products().grouped_tree(h, w2, offsets, tiles, n_chunks)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        h, w2 = ctx.saved_tensors
-        gh, gw = torch.zeros_like(h), torch.zeros_like(w2)
-        g = g.to(w2.dtype)
-        start = 0
-        for e, count in enumerate(ctx.counts):
-            if count:
-                rows = slice(start, start + count)
-                gh[rows] = (g[rows] @ w2[e]).to(h.dtype)
-                gw[e] = g[rows].t() @ h[rows].to(w2.dtype)
-            start += count
-        return gh, gw, None, None, None
+        h, w2, offsets = ctx.saved_tensors
+        gw = g.to(w2.dtype)
+        gh = grouped_mm(gw, w2, offsets)
+        g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), offsets)
+        return gh.to(h.dtype), g2, None, None, None
+
+
+def _empty_experts_zero(grads: Tensor, offsets: Tensor) -> Tensor:
+    """Weight gradients (E, ., .) with an exact 0 for experts that got no rows: a grouped
+    GEMM over an empty group reduces over nothing, and is not relied on to write zeros."""
+    counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
+    return torch.where((counts > 0)[:, None, None], grads, 0.0)
+
+
+class SortedRows(torch.autograd.Function):
+    """`x[order // k]`: each token's row once per routed slot, in expert order. The backward
+    sums a token's k slot gradients in fp32 in slot order (a fixed reduction): indexing's
+    backward would accumulate duplicates with atomics (an order that varies run to run)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, order: Tensor, inverse: Tensor, k: int) -> Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.k = k
+        return x.index_select(0, order // k)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        (inverse,) = ctx.saved_tensors
+        slots = g.index_select(0, inverse)  # (n * k, d), token-major
+        n, k = slots.shape[0] // ctx.k, ctx.k
+        gx = slots.view(n, k, -1).sum(1, dtype=torch.float32).to(g.dtype)
+        return gx, None, None, None
 
 
 class RMSNorm(torch.autograd.Function):
@@ -137,13 +176,8 @@ class RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, None]:
         x, gamma = ctx.saved_tensors
-        with torch.enable_grad():
-            xd = x.detach().float().requires_grad_()
-            gd = gamma.detach().float().requires_grad_()
-            inv = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + ctx.eps)
-            y = xd * inv * (1.0 + gd)
-            gx, gg = torch.autograd.grad(y, (xd, gd), g.float())
-        return gx.to(x.dtype), gg.to(gamma.dtype), None
+        gx, gg = rms_norm_bwd(x, gamma, g, ctx.eps)
+        return gx, gg, None
 
 
 class LogSoftmax(torch.autograd.Function):

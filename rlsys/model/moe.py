@@ -84,11 +84,15 @@ class MoE(nn.Module):
         """x (N, d) in compute dtype -> (N, d) fp32."""
         scores = kernels.sigmoid(kernels.linear(x, self.router))  # (N, E) fp32
         idx, gates = self._route(scores, routing)
+        counts = _expert_counts(idx, self.cfg.n_experts)
         if self.training:
-            self.expert_load += torch.bincount(idx.reshape(-1), minlength=self.cfg.n_experts)
+            self.expert_load += counts
             if aux is not None and self.cfg.balance == "aux_loss":
-                aux.add("moe_balance", self.cfg.aux_loss_weight * self._balance_loss(scores, idx))
-        expert_out = self._run_experts(x, idx)
+                aux.add(
+                    "moe_balance",
+                    self.cfg.aux_loss_weight * self._balance_loss(scores, counts, idx.numel()),
+                )
+        expert_out = self._run_experts(x, idx, counts)
         shared = self.shared.partial(x) if self.shared is not None else None
         expert_out, shared = self._reduce(expert_out, shared)
         return kernels.moe_combine(expert_out, gates, shared)
@@ -127,20 +131,21 @@ class MoE(nn.Module):
         biased = scores.detach() + self.expert_bias
         return biased.topk(self.cfg.experts_per_token, dim=-1).indices
 
-    def _run_experts(self, x: Tensor, idx: Tensor) -> Tensor:
+    def _run_experts(self, x: Tensor, idx: Tensor, counts: Tensor) -> Tensor:
         """(N, k, d) fp32 subtotals: expert idx[t, j] applied to token t, in slot j."""
         n, k = idx.shape
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        # scatter_add, not bincount: CUDA's bincount reads max() back to the host (a sync
-        # that would also break CUDA-graph capture); integer adds are exact in any order
-        counts = torch.zeros(self.cfg.n_experts, dtype=torch.int64, device=flat.device)
-        counts.scatter_add_(0, flat, torch.ones_like(flat))
-        x_sorted = x[order // k]
         if use_triton(x):
-            ys = self._grouped(x_sorted, counts)
-        else:
-            ys = self._per_expert(x_sorted, counts.tolist())
+            from rlsys.kernels.triton_ops.autograd import SortedRows
+
+            # the inverse permutation: slot s of the output is row inverse[s] of the experts'
+            inverse = torch.empty_like(order).scatter_(
+                0, order, torch.arange(order.shape[0], device=order.device)
+            )
+            ys = self._grouped(SortedRows.apply(x, order, inverse, k), counts)
+            return ys.index_select(0, inverse).view(n, k, -1)
+        ys = self._per_expert(x[order // k], counts.tolist())
         return ys.new_zeros(n * k, ys.shape[-1]).index_copy(0, order, ys).view(n, k, -1)
 
     def _per_expert(self, x_sorted: Tensor, counts: list[int]) -> Tensor:
@@ -159,10 +164,9 @@ class MoE(nn.Module):
 
         max_tiles = -(-x_sorted.shape[0] // BM) + self.cfg.n_experts
         tiles = expert_tiles(counts, max_tiles)
-        # host counts only for the backward's per-expert weight grads
-        host = counts.tolist() if torch.is_grad_enabled() else []
-        hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, host, tiles)
-        return GroupedTree.apply(hidden, self.w2, host, tiles, self.row_parallel.chunks)
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # on the device, never read
+        hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, offsets, tiles)
+        return GroupedTree.apply(hidden, self.w2, offsets, tiles, self.row_parallel.chunks)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         # Checkpoints written before the experts were stacked hold experts.{e}.w{1,2,3}.
@@ -172,10 +176,10 @@ class MoE(nn.Module):
                 state_dict[f"{prefix}{name}"] = torch.stack([state_dict.pop(key) for key in old])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def _balance_loss(self, scores: Tensor, idx: Tensor) -> Tensor:
+    def _balance_loss(self, scores: Tensor, counts: Tensor, routed: int) -> Tensor:
         """Switch-style `E * sum_e f_e * P_e` (f: routed fraction, P: mean router prob)."""
         e = self.cfg.n_experts
-        frac = torch.bincount(idx.reshape(-1), minlength=e).float() / idx.numel()
+        frac = counts.float() / routed
         prob = (scores / scores.sum(-1, keepdim=True)).mean(0)
         return e * (frac.detach() * prob).sum()
 
@@ -186,3 +190,12 @@ class MoE(nn.Module):
             delta = torch.sign(self.expert_load.mean() - self.expert_load)
             self.expert_bias += self.cfg.balance_bias_rate * delta
         self.expert_load.zero_()
+
+
+def _expert_counts(idx: Tensor, n_experts: int) -> Tensor:
+    """Rows routed to each expert (int64, on idx's device). scatter_add, not bincount:
+    CUDA's bincount reads max() back to the host (a sync that would also break CUDA-graph
+    capture); integer adds are exact in any order."""
+    flat = idx.reshape(-1)
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=flat.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat))

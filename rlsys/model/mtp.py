@@ -15,9 +15,11 @@ from torch import Tensor, nn
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
+from rlsys.kernels.dispatch import use_triton
 from rlsys.model.attention import SeqSpan, init_weight
 from rlsys.model.block import Block
 from rlsys.model.cache import SlidingKVCache
+from rlsys.model.kv_layout import TritonKV, packed_kv
 from rlsys.model.norm import ZeroCenteredRMSNorm
 
 
@@ -34,7 +36,14 @@ class MTPHead(nn.Module):
     def forward(
         self, h_prev: Tensor, next_embed: Tensor, positions: Tensor, spans: list[SeqSpan]
     ) -> tuple[Tensor, Tensor]:
-        """Returns (hidden fp32 (N, d), normed hidden in compute dtype for the LM head)."""
+        """Returns (hidden fp32 (N, d), normed hidden in compute dtype for the LM head).
+
+        On the Triton path the spans (each from position 0) are attended as one packed batch,
+        as the trunk's blocks are (the per-sequence caches of `step` would run the reference
+        attention, chunk by chunk); the drafter's `step` gives the same function."""
+        if use_triton(h_prev):
+            kv = packed_kv(self.block.attn.cfg, spans, h_prev.device)
+            return self.step(h_prev, next_embed, positions, spans, kv)
         caches = [self.block.attn.new_cache(self.dtype, h_prev.device) for _ in spans]
         return self.step(h_prev, next_embed, positions, spans, caches)
 
@@ -44,7 +53,7 @@ class MTPHead(nn.Module):
         next_embed: Tensor,
         positions: Tensor,
         spans: list[SeqSpan],
-        caches: list[SlidingKVCache],
+        caches: list[SlidingKVCache] | TritonKV,
     ) -> tuple[Tensor, Tensor]:
         """`forward` over rows that continue each span's cache (updated in place)."""
         joint = torch.cat([self.norm_hidden(h_prev), self.norm_embed(next_embed)], dim=-1)

@@ -27,7 +27,10 @@ from rlsys.kernels.triton_ops.common import dot_precision
 from rlsys.kernels.triton_ops.indexer import Selection, select_blocks, union_steps
 from rlsys.model.kv_layout import PackedLayout, TritonKV
 
-KL_ROWS = 512  # query rows per checkpointed chunk of the indexer KL
+KL_ROWS = 512  # fewest query rows per checkpointed chunk of the indexer KL
+# scores per chunk (rows x groups x blocks, fp32): chunks widen to this many so that short
+# sequences take a few large chunks (each chunk is ~70 small ops forward and backward)
+KL_SCORES = 2**25
 
 
 # ---- the two attention kinds ----------------------------------------------------------------
@@ -123,8 +126,9 @@ def indexer_kl(
     for (row, n), start, size in zip(layout.rows, starts.tolist(), sizes, strict=True):
         kl_sum, count = qi.new_zeros(()), qi.new_zeros(())
         bk_seq = bk[start : start + size]  # this sequence's block keys
-        for r0 in range(row, row + n, KL_ROWS):
-            r1 = min(r0 + KL_ROWS, row + n)
+        rows = max(KL_ROWS, KL_SCORES // (qi.shape[1] * size))
+        for r0 in range(row, row + n, rows):
+            r1 = min(r0 + rows, row + n)
             s, c = checkpoint(
                 _kl_chunk, qi[r0:r1], bk_seq, sel.ids[r0:r1], mass[r0:r1], use_reentrant=False
             )
@@ -146,4 +150,5 @@ def _kl_chunk(qi: Tensor, bk_seq: Tensor, ids: Tensor, mass: Tensor) -> tuple[Te
     target = target / total.clamp_min(1e-30)
     log_pred = torch.log_softmax(logits, dim=-1).masked_fill(~keep, 0.0)
     kl = (target * (torch.log(target.clamp_min(1e-30)) - log_pred)).sum(-1)
-    return kl[usable].sum(), usable.sum().to(kl.dtype)
+    # where, not kl[usable]: boolean indexing reads the count back to the host (a sync)
+    return torch.where(usable, kl, 0.0).sum(), usable.sum().to(kl.dtype)

@@ -7,20 +7,59 @@ the warm-start demonstrations (what the warm-started policy imitates) first, so 
 baseline is ready at step 1 (with `pretrain_steps >= warmup_updates`).
 
 Invariant: pre-training moves the critic only; the policy's weights and optimiser state are
-untouched (`Trainer.pretrain_critic` runs the policy forward without gradient).
+untouched (`fit_critic` runs the policy forward without gradient). Under data parallel
+`fit_critic` is a collective: every rank runs the whole (same) computation, so the
+replicated critic stays the same on every rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from rlsys.algo.aggregate import TOKEN_WEIGHTS
 from rlsys.trainer.batch import micro_batches, pack
 from rlsys.trainer.forward import packed_hidden
-from rlsys.trainer.trainer import Trainer
 from rlsys.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from rlsys.trainer.trainer import Trainer
+
+
+def fit_critic(trainer: Trainer, trajectories: Sequence[Trajectory], steps: int) -> list[float]:
+    """`steps` value-regression updates of the critic on the returns of `trajectories`
+    (the policy's hidden states computed once, without gradient); the loss of each."""
+    critic = trainer.critic
+    assert critic is not None, "algo.critic.enabled is off"
+    size = trainer.cfg.micro_batch_tokens
+    batches = [
+        pack(items, with_routes=False).to(trainer.device)
+        for items in micro_batches(trajectories, size)
+    ]
+    weights = TOKEN_WEIGHTS["token_mean"](
+        torch.cat([b.sample_P for b in batches]).cpu(), len(trajectories)
+    ).to(trainer.device)
+    per_batch = weights.split([b.num_policy_tokens for b in batches])
+    was_training = trainer.model.training
+    trainer.model.eval()
+    try:
+        with torch.no_grad():
+            hidden = [packed_hidden(trainer.model, b, "off")[b.pred_rows_P] for b in batches]
+    finally:
+        trainer.model.train(was_training)
+    losses = []
+    for _ in range(steps):
+        total = 0.0
+        for b, h, w in zip(batches, hidden, per_batch, strict=True):
+            loss, _ = critic.loss(h, b.returns_P, w)
+            loss.backward()
+            total += float(loss.detach())
+        critic.update()
+        losses.append(total)
+    return losses
 
 
 def pretrain_critic_on_demonstrations(
@@ -30,7 +69,7 @@ def pretrain_critic_on_demonstrations(
     steps = trainer.algo.critic.pretrain_steps
     if trainer.critic is None or steps == 0 or not demonstrations:
         return None
-    losses = trainer.pretrain_critic(demonstrations, steps)
+    losses = fit_critic(trainer, demonstrations, steps)
     return {"steps": steps, "loss_first": losses[0], "loss_last": losses[-1]}
 
 

@@ -100,6 +100,7 @@ def assign_micro_batches(num_tokens: list[int], world_size: int) -> list[list[in
 
 def reduce_token_sums(sums: TokenSums, group: dist.ProcessGroup) -> None:
     """Every rank's `sums` becomes the sums over all ranks (maxima: the max)."""
+    sums.settle()
     device = _device(group)
     summed = torch.tensor([float(getattr(sums, f)) for f in _SUMMED], dtype=torch.float64)
     maxed = torch.tensor([float(getattr(sums, f)) for f in _MAXED], dtype=torch.float64)

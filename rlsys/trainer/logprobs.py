@@ -56,7 +56,7 @@ def allowed_mask(
     """(c, V) bool: the recorded set where a token has one, else the valid vocabulary."""
     valid = torch.arange(vocab_size, device=candidates_cC.device) < valid_vocab
     mask = valid.expand(has_candidates_c.shape[0], vocab_size)
-    if candidates_cC.shape[-1] == 0 or not bool(has_candidates_c.any()):
+    if candidates_cC.shape[-1] == 0:  # (no `.any()` test on the rows: a device sync per chunk)
         return mask
     recorded = candidate_mask(candidates_cC, vocab_size)
     return torch.where(has_candidates_c.unsqueeze(-1), recorded, mask)

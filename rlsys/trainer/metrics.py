@@ -94,6 +94,7 @@ class TokenSums:
     behaviour_k3: float = 0.0
     has_reference: bool = False
     extra: dict[str, float] = field(default_factory=dict)
+    _pending: list[Tensor] = field(default_factory=list, repr=False)  # device rows (`add`)
 
     @torch.no_grad()
     def add(
@@ -106,20 +107,48 @@ class TokenSums:
         fresh_P: Tensor | None = None,
     ) -> None:
         """`weighted`: this micro-batch's aggregated (loss, pg, kl, critic) contributions;
-        `fresh_P`: which tokens the trainer's current version sampled (staleness 0)."""
+        `fresh_P`: which tokens the trainer's current version sampled (staleness 0).
+
+        Computed on the device and read back once, by `settle` (a host read per value
+        here would wait for the GPU after every micro-batch)."""
         diff = logp_P.detach() - behaviour_P
-        if fresh_P is not None and bool(fresh_P.any()):
-            self.add_mismatch(diff[fresh_P])
+        if fresh_P is None:
+            fresh_P = torch.zeros_like(diff, dtype=torch.bool)
         w = torch.exp(diff)
+        k3 = torch.exp(diff) - 1.0 - diff
+        drift = diff.abs()
+        zero = diff.new_zeros(())
+        fresh_drift, fresh_k3 = torch.where(fresh_P, drift, zero), torch.where(fresh_P, k3, zero)
+        sums = [entropy_P.sum(), w.sum(), (w > tis_cap).sum(), drift.sum(), k3.sum()]
+        sums += list(weighted)
+        sums += [fresh_P.sum(), fresh_drift.sum(), fresh_k3.sum()]
+        empty = not diff.numel()
+        maxima = [zero if empty else drift.max(), zero if empty else fresh_drift.max()]
         self.tokens += int(logp_P.numel())
-        self.entropy += float(entropy_P.sum())
-        self.weight += float(w.sum())
-        self.clipped += float((w > tis_cap).sum())
-        self.drift_abs += float(diff.abs().sum())
-        self.drift_max = max(self.drift_max, float(diff.abs().max())) if diff.numel() else 0.0
-        self.behaviour_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
-        for name, value in zip(("loss", "pg", "kl", "critic"), weighted, strict=True):
-            setattr(self, name, getattr(self, name) + float(value))
+        self._pending.append(torch.stack([v.float() for v in sums + maxima]))
+
+    def settle(self) -> None:
+        """Fold the micro-batches' device sums into the fields (one host read)."""
+        if not self._pending:
+            return
+        rows = torch.stack(self._pending).cpu().tolist()
+        self._pending.clear()
+        for row in rows:
+            entropy, weight, clipped, drift, k3, loss, pg, kl, critic = row[:9]
+            fresh, fresh_abs, fresh_k3, drift_max, fresh_max = row[9:]
+            self.entropy += entropy
+            self.weight += weight
+            self.clipped += clipped
+            self.drift_abs += drift
+            self.drift_max = max(self.drift_max, drift_max)
+            self.behaviour_k3 += k3
+            self.loss, self.pg, self.kl = self.loss + loss, self.pg + pg, self.kl + kl
+            self.critic += critic
+            if fresh:
+                self.mismatch_tokens += int(fresh)
+                self.mismatch_abs += fresh_abs
+                self.mismatch_max = max(self.mismatch_max, fresh_max)
+                self.mismatch_k3 += fresh_k3
 
     @torch.no_grad()
     def add_mismatch(self, diff: Tensor) -> None:
@@ -134,6 +163,7 @@ class TokenSums:
         self.mismatch_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
 
     def fill(self, m: StepMetrics) -> None:
+        self.settle()
         n = max(self.tokens, 1)
         m.num_policy_tokens = self.tokens
         m.loss, m.pg_loss, m.kl, m.critic_loss = self.loss, self.pg, self.kl, self.critic

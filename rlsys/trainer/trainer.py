@@ -9,16 +9,19 @@ One step (`train_step`), in order:
    candidate-set replay and zero-center projection, the objective (`rlsys.algo`) weighted
    by the aggregation's per-token weights, backward (gradients accumulate); the MTP heads'
    loss on the same hidden states, detached (`mtp_loss.py`: it trains the heads only);
-4. global gradient-norm clip (the policy's; the MTP heads' apart), AdamW, MoE balance update; step and policy version + 1.
+4. global gradient-norm clip (the policy's; the MTP heads' apart), AdamW, MoE balance
+   update; step and policy version + 1.
 
 Device: the trainer runs where the model's parameters are (CPU, or the GPU Ray gave its
 actor). Packing builds on CPU and moves each micro-batch once; log-probs it returns to
 callers are on CPU.
 
-Data parallel (`data_parallel`, FSDP2: `data_parallel.py`, `fsdp.py`): every rank calls
-`train_step` with the same trajectories and runs its share of the same micro-batches; the
-weights, `aux_scale` and advantages are the whole batch's, the gradients are summed over
-ranks, the metrics are global on every rank. Without it (or unsharded) nothing changes.
+Where the policy lives is a strategy (`strategy.py`): `Local`, or `Sharded` (FSDP2 over a
+data-parallel group: `data_parallel.py`, `fsdp.py`): every rank calls `train_step` with the
+same trajectories and runs its share of the same micro-batches; the weights, `aux_scale`
+and advantages are the whole batch's, the gradients are summed over ranks, the metrics are
+global on every rank. The stale-rollout mismatch lives in `mismatch.py`, the critic's
+pre-training in `critic_pretrain.py`.
 
 Invariants: the loss of a batch does not depend on how it is split into micro-batches
 or over ranks (per-token weights are computed over the whole batch); at staleness 0 with
@@ -29,7 +32,6 @@ trainer (model, optimisers, step, version, stream position, reference policy).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,32 +48,19 @@ from rlsys.algo.filters import Filtered, split_stale, split_zero_variance
 from rlsys.algo.objectives import per_token_terms
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
-from rlsys.model import AuxLosses, Transformer
+from rlsys.model import AuxLosses
 from rlsys.model.policy import PolicyModel
 from rlsys.trainer.batch import PackedBatch, micro_batches, pack
-from rlsys.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rlsys.trainer.checkpoint import load_checkpoint
 from rlsys.trainer.critic import Critic
-from rlsys.trainer.data_parallel import (
-    DataParallel,
-    assign_micro_batches,
-    preserved_statistics,
-    reduce_count,
-    reduce_expert_load,
-    reduce_gradients,
-    reduce_token_sums,
-)
+from rlsys.trainer.critic_pretrain import fit_critic
+from rlsys.trainer.data_parallel import DataParallel, preserved_statistics
 from rlsys.trainer.forward import packed_hidden
-from rlsys.trainer.fsdp import (
-    full_optimizer_state,
-    full_state_dict,
-    load_full_optimizer_state,
-    load_full_state_dict,
-    shard_policy,
-)
 from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
 from rlsys.trainer.metrics import StepMetrics, TokenSums, candidate_set_sizes
-from rlsys.trainer.mtp_loss import clip_policy_and_mtp, mtp_loss, mtp_nll
-from rlsys.trainer.snapshots import VersionSnapshots, policy_columns, stale_sample
+from rlsys.trainer.mismatch import StaleMismatch
+from rlsys.trainer.mtp_loss import mtp_loss, mtp_nll
+from rlsys.trainer.strategy import strategy_for
 from rlsys.trajectory import Trajectory
 
 
@@ -94,6 +83,20 @@ class StepResult:
         }
 
 
+@dataclass
+class StepPlan:
+    """What step 3 runs: this rank's packed micro-batches (on the device) and their
+    per-token weights, the outcome advantages and the whole step's normalisers."""
+
+    packed: list[PackedBatch]  # every micro-batch of the step (host), every rank's
+    batches: list[PackedBatch]  # this rank's, on the device
+    weights: list[Tensor]
+    outcome: Tensor
+    use_critic: bool
+    aux_scale: float
+    padding: int  # weight-0 passes this rank adds (data parallel: as many passes per rank)
+
+
 class Trainer:
     """Owns the policy's optimiser state, the optional critic and reference, and the counters.
 
@@ -101,8 +104,9 @@ class Trainer:
     model's vocabulary) the ids it may sample, so that recomputed log-probs are over the same
     distribution. Tokens with a recorded candidate set use that set instead (replay).
 
-    `data_parallel`: shard the policy with FSDP2 over that mesh (every method that touches
-    the policy is then a collective: all ranks call it with the same arguments).
+    `data_parallel`: shard the policy with FSDP2 over that mesh (`strategy.Sharded`: every
+    method that touches the policy is then a collective: all ranks call it with the same
+    arguments); without it the policy is local (`strategy.Local`).
     """
 
     def __init__(
@@ -116,9 +120,8 @@ class Trainer:
         data_parallel: DataParallel | None = None,
     ) -> None:
         self.model, self.cfg, self.algo = model, cfg, algo
-        self.dp = data_parallel
-        if data_parallel is not None:
-            shard_policy(model, data_parallel.mesh)  # type: ignore[arg-type]
+        self.parallel = strategy_for(data_parallel)
+        self.parallel.prepare(model)
         model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(
@@ -128,11 +131,8 @@ class Trainer:
             Critic(model.cfg.d_model, algo.critic).to(self.device) if algo.critic.enabled else None
         )
         self.reference: PolicyModel | None = None  # snapshot taken at the first RL step
-        # host copies of recent versions and a scratch model to recompute under them
-        # under data parallel rank 0 measures the stale mismatch (the others gather with it)
-        measures = data_parallel is None or data_parallel.rank == 0
-        self.snapshots = VersionSnapshots(keep=algo.max_staleness, store=measures)
-        self._scratch: PolicyModel | None = None
+        # host copies of recent versions, to recompute stale rollouts under their weights
+        self.mismatch = StaleMismatch(cfg.mismatch_rollouts, algo.max_staleness, self.parallel)
         self.step = 0
         self.version = 0
         self.stream_position: dict[str, Any] = {}
@@ -143,6 +143,11 @@ class Trainer:
             zero_center=cfg.zero_center,
             chunk=cfg.lm_head_chunk,
         )
+
+    @property
+    def dp(self) -> DataParallel | None:
+        """The data-parallel group the policy is sharded over (None: local)."""
+        return self.parallel.data_parallel
 
     # ---- the RL step -----------------------------------------------------------------------
 
@@ -159,30 +164,48 @@ class Trainer:
             raise ValueError(
                 "a trajectory with a NaN reward (a failed rollout) reached the trainer"
             )
-        if self.cfg.mismatch_rollouts:
-            self._snapshot()  # the weights that version sampled
-        kept, filtered = self._filter(trajectories)
-        metrics = StepMetrics(self.step, self.version, len(kept), len(filtered))
-        if trajectories:  # the behaviour policy's reward: every sample the step consumed
-            metrics.reward_mean = sum(t.reward for t in trajectories) / len(trajectories)
+        self.mismatch.snapshot(self.version, self.model)  # the weights that version sampled
+        kept, filtered = self._filter(trajectories)  # 1. filters
+        metrics = _step_metrics(self.step, self.version, trajectories, kept, filtered)
         if not kept:
             return StepResult(False, metrics, filtered)
-        staleness = torch.tensor([float(self.version - t.min_version) for t in kept])
-        metrics.staleness_mean, metrics.staleness_max = (
-            float(staleness.mean()),
-            int(staleness.max()),
-        )
-        metrics.reward_mean_kept = sum(t.reward for t in kept) / len(kept)
+        plan = self._plan(kept)  # 2. advantages, packing, per-token weights
+        clamp_before = _clamped(self.model)
+        sums = self._passes(plan)  # 3. forward and backward per micro-batch
+        grad_norm = self._update()  # 4. clip, AdamW, MoE balance, critic
+        self.step += 1
+        self.version += 1
+        self.mismatch.snapshot(self.version, self.model)
+        self.mismatch.measure(kept, self.version - 1, self.model, self._recompute, sums)
+        if stream_position is not None:
+            self.stream_position = dict(stream_position)
+        sums.fill(metrics)
+        metrics.candidate_set = candidate_set_sizes(plan.packed)
+        metrics.step, metrics.policy_version = self.step, self.version
+        metrics.num_tokens = sum(b.num_tokens for b in plan.packed)
+        metrics.grad_norm = float(grad_norm)
+        metrics.grad_clamp_clipped = self.parallel.reduce_count(_clamped(self.model) - clamp_before)
+        metrics.critic_baseline = plan.use_critic
+        metrics.step_s = time.perf_counter() - started
+        metrics.tokens_per_s = metrics.num_tokens / max(metrics.step_s, 1e-9)
+        return StepResult(True, metrics, filtered, [t.rollout_id for t in kept])
 
+    def _filter(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Filtered]]:
+        kept, dropped = split_stale(trajs, self.version, self.algo.max_staleness)
+        if self.algo.filter_zero_variance:
+            kept, zero = split_zero_variance(kept)
+            dropped += zero
+        return kept, dropped
+
+    def _plan(self, kept: list[Trajectory]) -> StepPlan:
+        """Advantages and this rank's micro-batches; every normaliser is the whole step's."""
         # under this version: rows it recomputed are replayed with the routes it used
         packed = [
             pack(items, version=self.version)
             for items in micro_batches(kept, self.cfg.micro_batch_tokens)
         ]
-        mine, padding = self._share(packed)
+        mine, padding = self.parallel.share([b.num_tokens for b in packed])
         all_weights = self._token_weights(packed, len(kept))
-        weights = [all_weights[i].to(self.device) for i in mine]
-        batches = [packed[i].to(self.device) for i in mine]
         outcome = torch.tensor(
             group_relative(
                 [t.reward for t in kept],
@@ -192,96 +215,49 @@ class Trainer:
             dtype=torch.float32,
             device=self.device,
         )
-        use_critic = self.critic is not None and self.critic.ready
         if self.algo.kl_coef > 0 and self.reference is None:
-            self.reference = self._frozen_copy()
-        clamp_before = _clamped(self.model)
+            self.reference = self.parallel.frozen_copy(self.model)
+        return StepPlan(
+            packed=packed,
+            batches=[packed[i].to(self.device) for i in mine],
+            weights=[all_weights[i].to(self.device) for i in mine],
+            outcome=outcome,
+            use_critic=self.critic is not None and self.critic.ready,
+            # the model's auxiliary losses are sums of per-sequence terms: averaging them
+            # over the step's sequences keeps the step independent of the micro-batch split
+            aux_scale=1.0 / sum(len(b.spans) for b in packed),
+            padding=padding,
+        )
 
+    def _passes(self, plan: StepPlan) -> TokenSums:
+        """Every micro-batch's forward and backward (gradients accumulate), then the sums
+        made global."""
         sums = TokenSums(has_reference=self.reference is not None)
-        total_rows = sum(b.num_tokens for b in packed)
-        # The model's auxiliary losses are sums of per-sequence terms: averaging them over
-        # the step's sequences keeps the step independent of the micro-batch split.
-        aux_scale = 1.0 / sum(len(b.spans) for b in packed)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        for batch, w in zip(batches, weights, strict=True):
-            self._micro_step(batch, w, outcome, use_critic, aux_scale, sums)
-        if padding:  # FSDP's collectives need as many passes on every rank: weight 0
-            pad = min(packed, key=lambda b: b.num_tokens).to(self.device)
+        for batch, w in zip(plan.batches, plan.weights, strict=True):
+            self._micro_step(batch, w, plan.outcome, plan.use_critic, plan.aux_scale, sums)
+        if plan.padding:  # data parallel: a pass of weight 0 that changes no statistic
+            pad = min(plan.packed, key=lambda b: b.num_tokens).to(self.device)
             w0 = torch.zeros(pad.num_policy_tokens, device=self.device)
-            for _ in range(padding):
+            for _ in range(plan.padding):
                 with preserved_statistics(self.model):
-                    self._micro_step(pad, w0, outcome, use_critic, 0.0, TokenSums())
-        if self.dp is not None:
-            reduce_token_sums(sums, self.dp.group)
-            reduce_expert_load(self.model, self.dp.group)
-        grad_norm = clip_policy_and_mtp(self.model, self.cfg.grad_clip, self.dp is not None)
+                    self._micro_step(pad, w0, plan.outcome, plan.use_critic, 0.0, TokenSums())
+        self.parallel.reduce_step(sums, self.model)
+        return sums
+
+    def _update(self) -> Tensor:
+        """Clip, AdamW, the MoE balance update, the critic's update; the policy's grad norm."""
+        grad_norm = self.parallel.clip(self.model, self.cfg.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.update_balance()
         if self.critic is not None:
-            if self.dp is not None:  # a replicated module: its gradient summed over ranks
-                reduce_gradients(self.critic, self.dp.group)
+            self.parallel.reduce_critic(self.critic)  # replicated: summed over ranks
             self.critic.update()
-
-        self.step += 1
-        self.version += 1
-        if self.cfg.mismatch_rollouts:
-            self._snapshot()
-            if self.snapshots.store:  # rank 0 alone under data parallel: its metrics report
-                self._stale_mismatch(kept, self.version - 1, sums)
-        if stream_position is not None:
-            self.stream_position = dict(stream_position)
-        sums.fill(metrics)
-        metrics.candidate_set = candidate_set_sizes(packed)
-        metrics.step, metrics.policy_version = self.step, self.version
-        metrics.num_tokens = total_rows
-        metrics.grad_norm = float(grad_norm)
-        metrics.grad_clamp_clipped = _clamped(self.model) - clamp_before
-        if self.dp is not None:
-            metrics.grad_clamp_clipped = reduce_count(metrics.grad_clamp_clipped, self.dp.group)
-        metrics.critic_baseline = use_critic
-        metrics.step_s = time.perf_counter() - started
-        metrics.tokens_per_s = total_rows / max(metrics.step_s, 1e-9)
-        return StepResult(True, metrics, filtered, [t.rollout_id for t in kept])
-
-    def _plain_model(self) -> PolicyModel:
-        """An unsharded model of the policy's shape (recomputing in it is no collective);
-        its initial values are overwritten, so it must not draw from the global RNG."""
-        with torch.random.fork_rng(devices=[]):
-            return Transformer(self.model.cfg).to(self.device)  # type: ignore[attr-defined]
-
-    def _frozen_copy(self) -> PolicyModel:
-        """The reference policy: a frozen copy of the current weights (sharded as the
-        policy is under data parallel: gathered once, then each rank keeps its shard)."""
-        if self.dp is None:
-            return _frozen_copy(self.model)
-        ref = self._plain_model()
-        ref.load_state_dict(full_state_dict(self.model))
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return shard_policy(ref, self.dp.mesh).eval()  # type: ignore[arg-type]
-
-    def _snapshot(self) -> None:
-        gather = (lambda: full_state_dict(self.model)) if self.dp is not None else None
-        self.snapshots.take(self.version, self.model, gather)  # type: ignore[arg-type]
-
-    def _filter(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Filtered]]:
-        kept, dropped = split_stale(trajs, self.version, self.algo.max_staleness)
-        if self.algo.filter_zero_variance:
-            kept, zero = split_zero_variance(kept)
-            dropped += zero
-        return kept, dropped
-
-    def _share(self, packed: list[PackedBatch]) -> tuple[list[int], int]:
-        """This rank's micro-batches (indices into `packed`) and its padding passes."""
-        if self.dp is None:
-            return list(range(len(packed))), 0
-        shares = assign_micro_batches([b.num_tokens for b in packed], self.dp.world_size)
-        mine = shares[self.dp.rank]
-        return mine, max(len(s) for s in shares) - len(mine)
+        return grad_norm
 
     def _token_weights(self, batches: list[PackedBatch], num_samples: int) -> list[Tensor]:
         sample_P = torch.cat([b.sample_P for b in batches])
@@ -315,14 +291,7 @@ class Trainer:
         pg = (pg_P * w_P).sum()
         kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros((), device=self.device)
         loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
-        if self.dp is None:
-            loss.backward()
-            heads = self._mtp_loss(h_Nd, batch, w_P)
-            if heads is not None:
-                heads.backward()
-        else:  # one backward: FSDP reshards the root (LM head, embedding) when it ends
-            heads = self._mtp_loss(h_Nd, batch, w_P)
-            (loss if heads is None else loss + heads).backward()
+        self.parallel.backward(loss, self._mtp_loss(h_Nd, batch, w_P))
         weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
         fresh_P = batch.versions_P.to(out.logp_P.device) == self.version
         sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted, fresh_P)
@@ -389,54 +358,17 @@ class Trainer:
                     per_sample[s].append(logp[sample_P == s])
         return [torch.cat(p) if p else torch.zeros(0) for p in per_sample]
 
-    def _stale_mismatch(self, kept: Sequence[Trajectory], version: int, sums: TokenSums) -> None:
-        """Recompute a sample of rollouts older than `version` under the weights that
-        sampled each of their tokens; add the differences to the step's mismatch."""
-        sample = stale_sample(kept, version, self.cfg.mismatch_rollouts)
-        if not sample:
-            return
-        if self._scratch is None:
-            self._scratch = copy.deepcopy(self.model) if self.dp is None else self._plain_model()
-        columns = [policy_columns(t) for t in sample]
-        versions = sorted({v for vs, _ in columns for v in vs.tolist()} - {version})
-        for v in (v for v in versions if v in self.snapshots):
-            self.snapshots.load_into(self._scratch, v)
-            recomputed = self.log_probs(sample, model=self._scratch, version=v)
-            for logp, (vs, behaviour) in zip(recomputed, columns, strict=True):
-                at_v = vs == v
-                sums.add_mismatch(logp[at_v].float() - behaviour[at_v])
+    def _recompute(
+        self, trajectories: Sequence[Trajectory], model: PolicyModel, version: int
+    ) -> list[Tensor]:
+        return self.log_probs(trajectories, model=model, version=version)
 
     # ---- critic pre-training -----------------------------------------------------------------
 
     def pretrain_critic(self, trajectories: Sequence[Trajectory], steps: int) -> list[float]:
-        """Fit the critic to the returns of collected trajectories; the policy is untouched.
-
-        Under data parallel a collective: every rank runs the whole (same) computation, so
-        the replicated critic stays the same on every rank."""
-        assert self.critic is not None, "algo.critic.enabled is off"
-        losses = []
-        batches = [
-            pack(items, with_routes=False).to(self.device)
-            for items in micro_batches(trajectories, self.cfg.micro_batch_tokens)
-        ]
-        weights = TOKEN_WEIGHTS["token_mean"](
-            torch.cat([b.sample_P for b in batches]).cpu(), len(trajectories)
-        ).to(self.device)
-        hidden = []
-        with _eval(self.model), torch.no_grad():
-            for b in batches:
-                hidden.append(packed_hidden(self.model, b, "off")[b.pred_rows_P])
-        for _ in range(steps):
-            total = 0.0
-            for b, h, w in zip(
-                batches, hidden, weights.split([b.num_policy_tokens for b in batches]), strict=True
-            ):
-                loss, _ = self.critic.loss(h, b.returns_P, w)
-                loss.backward()
-                total += float(loss.detach())
-            self.critic.update()
-            losses.append(total)
-        return losses
+        """Fit the critic to the returns of collected trajectories; the policy is untouched
+        (`critic_pretrain.fit_critic`; under data parallel a collective)."""
+        return fit_critic(self, trajectories, steps)
 
     def current_lr(self) -> float:
         """Linear warm-up over `warmup_steps`, then `lr`. A fresh Adam's first updates are
@@ -450,14 +382,9 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Under data parallel a collective; the model's and the optimiser's tensors are
         then full (gathered), the optimiser's keyed by parameter name."""
-        sharded = self.dp is not None
         state: dict[str, Any] = {
-            "model": full_state_dict(self.model) if sharded else self.model.state_dict(),
-            "optimizer": (
-                full_optimizer_state(self.model, self.optimizer)  # type: ignore[arg-type]
-                if sharded
-                else self.optimizer.state_dict()
-            ),
+            "model": self.parallel.full_state(self.model),
+            "optimizer": self.parallel.optimizer_state(self.model, self.optimizer),
             "step": self.step,
             "version": self.version,
             "stream_position": dict(self.stream_position),
@@ -466,29 +393,21 @@ class Trainer:
             state["critic"] = self.critic.state_dict()
             state["critic_optimizer"] = self.critic.optimizer.state_dict()
         if self.reference is not None:
-            state["reference"] = (
-                full_state_dict(self.reference) if sharded else self.reference.state_dict()
-            )
+            state["reference"] = self.parallel.full_state(self.reference)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.dp is not None:  # a collective: each rank keeps its shard of the full state
-            load_full_state_dict(self.model, state["model"])  # type: ignore[arg-type]
-            load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        else:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+        """Under data parallel a collective: each rank keeps its shard of the full state."""
+        self.parallel.load_state(self.model, state["model"])
+        self.parallel.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.step, self.version = int(state["step"]), int(state["version"])
         self.stream_position = dict(state["stream_position"])
         if self.critic is not None and "critic" in state:
             self.critic.load_state_dict(state["critic"])
             self.critic.optimizer.load_state_dict(state["critic_optimizer"])
         if "reference" in state:
-            self.reference = self._frozen_copy()
-            if self.dp is not None:
-                load_full_state_dict(self.reference, state["reference"])  # type: ignore[arg-type]
-            else:
-                self.reference.load_state_dict(state["reference"])
+            self.reference = self.parallel.frozen_copy(self.model)
+            self.parallel.load_state(self.reference, state["reference"])
 
     def save_checkpoint(
         self, path: str | Path, stream_position: dict[str, Any] | None = None
@@ -499,13 +418,7 @@ class Trainer:
         returns before the file is in place."""
         if stream_position is not None:
             self.stream_position = dict(stream_position)
-        state = self.state_dict()
-        if self.dp is None:
-            return save_checkpoint(path, state)
-        if self.dp.rank == 0:
-            save_checkpoint(path, state)
-        torch.distributed.barrier(group=self.dp.group)
-        return Path(path)
+        return self.parallel.save(path, self.state_dict())
 
     def restore(self, path: str | Path) -> dict[str, Any]:
         """Load a checkpoint into this trainer; returns the stream position it recorded."""
@@ -513,14 +426,27 @@ class Trainer:
         return dict(self.stream_position)
 
 
-def _frozen_copy(model: PolicyModel) -> PolicyModel:
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
+def _step_metrics(
+    step: int,
+    version: int,
+    trajectories: Sequence[Trajectory],
+    kept: list[Trajectory],
+    filtered: list[Filtered],
+) -> StepMetrics:
+    """The step's metrics known before any pass: sample counts, rewards, staleness."""
+    metrics = StepMetrics(step, version, len(kept), len(filtered))
+    if trajectories:  # the behaviour policy's reward: every sample the step consumed
+        metrics.reward_mean = sum(t.reward for t in trajectories) / len(trajectories)
+    if kept:
+        staleness = torch.tensor([float(version - t.min_version) for t in kept])
+        metrics.staleness_mean = float(staleness.mean())
+        metrics.staleness_max = int(staleness.max())
+        metrics.reward_mean_kept = sum(t.reward for t in kept) / len(kept)
+    return metrics
 
 
 def _clamped(model: PolicyModel) -> int:
+    """Gradient vectors the blocks' clamps have clipped so far (one host read)."""
     return sum(clipped for clipped, _ in model.grad_clamp_counts())
 
 

@@ -1,0 +1,237 @@
+"""The linear dispatcher: which implementation computes each of the model's products, chosen
+from the weight's shape and dtype only, never from the number of rows.
+
+Products (`autograd.py` wraps each with its backward):
+- `column(x, w)`: x @ w.T in w's dtype (projections, gates, index, LM head, router);
+- `swiglu(x, w1, w3)`: silu(x w1^T) * (x w3^T) (dense FFN, shared expert);
+- `row_tree(x, w, n_chunks)`: the row-parallel fp32 tree of K-chunk products (attention
+  output, FFN down projection), the same bits at every TP degree (`rlsys.kernels.tp`);
+- `grouped_swiglu` / `grouped_tree`: the routed experts, rows sorted by expert, with the
+  expert offsets (cumulative counts, int32, on the device) and the tile table.
+
+Modes (a registry, process-wide: `RLSYS_LINEAR`, or `linear_mode()` in benchmarks):
+- `invariant` (default): cuBLAS where it is batch-invariant, the Triton kernels elsewhere.
+  cuBLAS is batch-invariant when it cannot split K over thread blocks: with no workspace
+  (`CUBLAS_WORKSPACE_CONFIG=:0:0`, `CUBLASLT_WORKSPACE_SIZE=0`, set by `rlsys.kernels` at
+  import, before CUDA starts) and reduced-precision split reductions off, an output element
+  is one in-order K loop whatever tile the heuristic picks for M. Measured bitwise for every
+  M at every preset's bf16 weight shapes (tests/kernels/test_linear_invariance_cuda.py);
+  not in fp32 (rows differ at M <= 16) and not at N off a multiple of 8 (so N is padded).
+  `torch._grouped_mm` gives an expert's rows bitwise independent of the other experts' rows.
+  So, in bf16/fp16: column, swiglu and the routed experts' SwiGLU run on cuBLAS / the grouped
+  GEMM. The row-parallel trees stay on the Triton kernels: a tree over fp32 chunk partials
+  in registers; on cuBLAS each chunk would write and re-read an fp32 (M, N) partial.
+  fp32 models run every product on the Triton kernels.
+- `triton`: every product on the Triton kernels (the design before this dispatcher).
+- `plain`: every product on plain cuBLAS / grouped GEMM, bf16 partials, no tree, no batch
+  invariance: the speed ceiling of the invariant design (benchmarks; engine and trainer
+  then disagree).
+
+Invariant: the choice for a product depends on (mode, product, N, K, dtype) only, and is
+made once per process: `_holds` checks cuBLAS's invariance on this GPU at the first use of a
+shape (comparing the rows of a few batch sizes against one large batch); a shape whose rows
+differ runs on Triton for the life of the process. Inside a CUDA-graph capture no check can
+run: the rule decides and its answer is cached like a check's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlsys.kernels.dispatch import WORKSPACE_ENV
+from rlsys.kernels.triton_ops import linear as lin
+from rlsys.kernels.triton_ops.swiglu import silu_mul
+
+ALIGN = 8  # 16-byte rows in bf16: cuBLAS's aligned (TMA) kernels; other N are padded
+PROBE_ROWS = 2048
+PROBE_MS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33, 64, 100, 127, 255, 512, 1000, 2047)
+
+
+def workspace_off() -> bool:
+    """cuBLAS runs without a workspace in this process (the env was set before CUDA)."""
+    return all(os.environ.get(k) == v for k, v in WORKSPACE_ENV.items())
+
+
+def grouped_mm(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
+    """`torch._grouped_mm` (a, b in one dtype; 2-D x 3-D: rows of a grouped by `offsets`;
+    2-D x 2-D: the shared dim grouped, one (E, ., .) product per group)."""
+    return torch._grouped_mm(a, b, offs=offsets)
+
+
+def _pad_rows(w: Tensor) -> Tensor:
+    n = w.shape[-2]
+    return F.pad(w, (0, 0, 0, (-n) % ALIGN)) if n % ALIGN else w
+
+
+def cublas_column(x: Tensor, w: Tensor) -> Tensor:
+    n = w.shape[0]
+    y = F.linear(x.to(w.dtype), _pad_rows(w))
+    return y if y.shape[1] == n else y[:, :n].contiguous()
+
+
+def cublas_swiglu(x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+    h = w1.shape[0]
+    a13 = cublas_column(x, torch.cat([w1, w3]))
+    return silu_mul(a13[:, :h], a13[:, h:])
+
+
+def cublas_grouped_swiglu(x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor) -> Tensor:
+    xw = x.to(w1.dtype)
+    a1 = grouped_mm(xw, w1.transpose(1, 2), offsets)
+    a3 = grouped_mm(xw, w3.transpose(1, 2), offsets)
+    return silu_mul(a1, a3)
+
+
+_checked: dict[tuple, bool] = {}
+
+
+def _rows_agree(
+    run: Callable[[Tensor], Tensor], k: int, dtype: torch.dtype, dev: torch.device
+) -> bool:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(PROBE_ROWS, k, device=dev, generator=gen).to(dtype)
+    full = run(x)
+    bad = torch.zeros((), dtype=torch.bool, device=dev)
+    for m in PROBE_MS:
+        bad |= (run(x[:m]) != full[:m]).any()
+    return not bool(bad)
+
+
+def _holds(kind: str, shape: tuple[int, ...], dtype: torch.dtype, dev: torch.device) -> bool:
+    """Whether cuBLAS's `kind` product ("column" or "grouped") is batch-invariant for a
+    weight of `shape` (cached per process; see the module doc)."""
+    key = (kind, shape, dtype, dev)
+    if key not in _checked:
+        ok = dev.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and workspace_off()
+        ok = ok and shape[-1] % ALIGN == 0
+        if ok:  # split reductions in bf16/fp16 in the output buffer need no workspace
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        if ok and not torch.cuda.is_current_stream_capturing():
+            gen = torch.Generator(device=dev).manual_seed(1)
+            probe = torch.randn(shape, device=dev, generator=gen).to(dtype)
+            with torch.no_grad():
+                ok = _rows_agree(_PROBES[kind](probe), shape[-1], dtype, dev)
+        _checked[key] = ok
+    return _checked[key]
+
+
+def _column_probe(w: Tensor) -> Callable[[Tensor], Tensor]:
+    return lambda x: cublas_column(x, w)
+
+
+def _grouped_probe(w: Tensor) -> Callable[[Tensor], Tensor]:
+    def run(x: Tensor) -> Tensor:  # every row to the first expert
+        offs = torch.full((w.shape[0],), x.shape[0], dtype=torch.int32, device=x.device)
+        return grouped_mm(x, w.transpose(1, 2), offs)
+
+    return run
+
+
+_PROBES: dict[str, Callable[[Tensor], Callable[[Tensor], Tensor]]] = {
+    "column": _column_probe,
+    "grouped": _grouped_probe,
+}
+
+
+class TritonProducts:
+    """Every product on the batch-invariant Triton kernels (`linear.py`)."""
+
+    def column(self, x: Tensor, w: Tensor) -> Tensor:
+        return lin.linear_fwd(x, w)
+
+    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+        return lin.swiglu_fwd(x, w1, w3)
+
+    def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
+        return lin.linear_tree_fwd(x, w, n_chunks)
+
+    def grouped_swiglu(
+        self, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
+    ) -> Tensor:
+        return lin.swiglu_fwd(x, w1, w3, tiles)
+
+    def grouped_tree(
+        self, h: Tensor, w2: Tensor, offsets: Tensor, tiles: tuple, n_chunks: int
+    ) -> Tensor:
+        return lin.grouped_tree_fwd(h, w2, tiles, n_chunks)
+
+
+class InvariantProducts(TritonProducts):
+    """cuBLAS where `_holds`, the Triton kernels elsewhere (see the module doc)."""
+
+    def column(self, x: Tensor, w: Tensor) -> Tensor:
+        if _holds("column", tuple(w.shape), w.dtype, w.device):
+            return cublas_column(x, w)
+        return super().column(x, w)
+
+    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+        if _holds("column", (2 * w1.shape[0], w1.shape[1]), w1.dtype, w1.device):
+            return cublas_swiglu(x, w1, w3)
+        return super().swiglu(x, w1, w3)
+
+    def grouped_swiglu(
+        self, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
+    ) -> Tensor:
+        if _holds("grouped", tuple(w1.shape), w1.dtype, w1.device):
+            return cublas_grouped_swiglu(x, w1, w3, offsets)
+        return super().grouped_swiglu(x, w1, w3, offsets, tiles)
+
+
+class PlainProducts(TritonProducts):
+    """Plain cuBLAS / grouped GEMM for every product: no tree, no invariance (a ceiling)."""
+
+    def column(self, x: Tensor, w: Tensor) -> Tensor:
+        return F.linear(x.to(w.dtype), w)
+
+    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+        return cublas_swiglu(x, w1, w3)
+
+    def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
+        return F.linear(x.to(w.dtype), w).float()
+
+    def grouped_swiglu(
+        self, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
+    ) -> Tensor:
+        return cublas_grouped_swiglu(x, w1, w3, offsets)
+
+    def grouped_tree(
+        self, h: Tensor, w2: Tensor, offsets: Tensor, tiles: tuple, n_chunks: int
+    ) -> Tensor:
+        return grouped_mm(h.to(w2.dtype), w2.transpose(1, 2), offsets).float()
+
+
+MODES: dict[str, TritonProducts] = {
+    "invariant": InvariantProducts(),
+    "triton": TritonProducts(),
+    "plain": PlainProducts(),
+}
+_mode = os.environ.get("RLSYS_LINEAR", "invariant")
+
+
+def _check_mode(name: str) -> str:
+    if name not in MODES:
+        raise ValueError(f"linear mode {name!r} (RLSYS_LINEAR): expected one of {sorted(MODES)}")
+    return name
+
+
+def products() -> TritonProducts:
+    """The implementations of the current mode."""
+    return MODES[_check_mode(_mode)]
+
+
+@contextlib.contextmanager
+def linear_mode(name: str) -> Iterator[None]:
+    """Run the products of mode `name` inside the block (benchmarks and tests)."""
+    global _mode
+    saved, _mode = _mode, _check_mode(name)
+    try:
+        yield
+    finally:
+        _mode = saved
