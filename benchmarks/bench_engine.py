@@ -28,6 +28,7 @@ from rlsys.engine.api import GenerationRequest, SamplingParams
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runner import LocalRunner
+from rlsys.kernels import fused
 from rlsys.kernels.tp import RowParallel
 from rlsys.model import Transformer
 
@@ -49,14 +50,15 @@ def _sdpa_block_attention(
 @contextlib.contextmanager
 def plain_kernels() -> Iterator[None]:
     """Swap the invariant kernels for the fastest plain ones (same math, other rounding)."""
-    saved = (kernels.linear, kernels.block_attention, RowParallel.linear)
+    saved = (kernels.linear, kernels.block_attention, RowParallel.linear, fused.partials_ok)
     kernels.linear = lambda x, w: F.linear(x.to(w.dtype), w)  # type: ignore[assignment]
     kernels.block_attention = _sdpa_block_attention  # type: ignore[assignment]
     RowParallel.linear = lambda self, x, w: F.linear(x.to(w.dtype), w).float()  # type: ignore[assignment,method-assign]
+    fused.partials_ok = lambda x: False  # type: ignore[assignment]  # the products above instead
     try:
         yield
     finally:
-        kernels.linear, kernels.block_attention, RowParallel.linear = saved  # type: ignore[method-assign]
+        kernels.linear, kernels.block_attention, RowParallel.linear, fused.partials_ok = saved  # type: ignore[method-assign]
 
 
 def _time(fn, reps: int) -> float:  # type: ignore[no-untyped-def]

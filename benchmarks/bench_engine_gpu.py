@@ -7,9 +7,10 @@ Usage (GPU machine): python benchmarks/bench_engine_gpu.py [--preset medium]
 For each context (prompt length), CUDA-graph mode and batch size: `batch` requests of a
 `--prompt`-token prompt each generate `--gen` tokens; the table gives decode tokens/s at
 the median decode step (after the first, which captures the graph; one-off kernel compiles
-show in the max), the mean and max step, the
-share of a decode step spent in the model forward (the rest is sampling and bookkeeping on
-the host), and HBM utilisation = bytes a decode step must read (every weight a step touches
+show in the max), the mean and max step, the share of a decode step spent in the runner's
+step (the forward; with graphs also the on-device sampling and the host's fills and copies),
+the GPU time of the step's graph replay (CUDA events around it) and the host share (1 - that
+over the median step: the part of the step the GPU is not running it), and HBM utilisation = bytes a decode step must read (every weight a step touches
 + the K/V its attention reads) / step time, against 4.8 TB/s. Rows past `--budget-s`
 seconds are skipped (the device machine's calls are bounded). `--capture start` (the
 engine's default) captures every graph of the ladder when the runner is built: the table's
@@ -17,6 +18,7 @@ engine's default) captures every graph of the ladder when the runner is built: t
 `lazy` captures each graph on its first use, inside a timed step. `--kernels plain` runs
 the dense projections through cuBLAS (`F.linear`: free reductions, the anchor of the
 invariance tax; experts and attention keep their kernels), `invariant` the engine's own.
+`--count` prints the kernel launches of one decode forward (graph rows), per block.
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_engine import plain_kernels  # noqa: E402
-from rlsys.config.model import preset  # noqa: E402
+from benchmarks.kernel_count import count_launches  # noqa: E402
+from rlsys.config.model import ModelConfig, preset  # noqa: E402
 from rlsys.engine.api import GenerationRequest, SamplingParams  # noqa: E402
 from rlsys.engine.config import EngineConfig  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
-from rlsys.model import Transformer  # noqa: E402
+from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
+from rlsys.model.decode_layout import StaticDecodeLayout  # noqa: E402
 
 
 def step_bytes(model: Transformer, batch: int, context: int) -> float:
@@ -77,8 +81,29 @@ def make(  # noqa: ANN201
     return ecfg, runner
 
 
+def count_forward(cfg: ModelConfig, runner, core: EngineCore) -> None:  # noqa: ANN001
+    """Kernel launches of one decode forward of the running batch, as its graph holds them
+    (the fixed-shape step run eagerly once, counted by `benchmarks/kernel_count.py`)."""
+    graphs = getattr(runner, "graphs", None)
+    caches = [runner.table.caches[s.cache_key] for s in core.running]
+    if graphs is None or not caches:
+        return
+    batch = next(b for b in graphs.ladder if b >= len(caches))
+    bucket = next(b for b in graphs.buckets if max(c.length for c in caches) < b)
+    layout = StaticDecodeLayout(cfg, graphs.pool, batch, bucket - 1, graphs.scratch)
+    layout.fill([1] * len(caches), caches)  # the next token's slots: rewritten by the next step
+    with torch.inference_mode(), count_launches() as launches:
+        graphs.model.forward_decode(layout.tokens, layout.positions, layout.kv, RoutingRecorder())
+    torch.cuda.synchronize()
+    print(
+        f"decode forward, batch {batch}: {launches.total} launches, "
+        f"{launches.total / cfg.n_layers:.1f} per block ({cfg.n_layers} blocks); by kernel:"
+    )
+    print(launches.table(40))
+
+
 def run(
-    model: Transformer, batch: int, prompt_len: int, runner, ecfg, gen: int
+    model: Transformer, batch: int, prompt_len: int, runner, ecfg, gen: int, count: bool = False
 ) -> dict[str, float]:  # noqa: ANN001
     core = EngineCore(model.cfg, ecfg, runner)
     g = torch.Generator().manual_seed(0)
@@ -90,15 +115,49 @@ def run(
     step_times: list[float] = []
     orig = runner.step
 
-    def timed_step(keys, chunks):  # noqa: ANN001, ANN202
+    def timed_step(keys, chunks, sampling=None):  # noqa: ANN001, ANN202
         nonlocal forward_s
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = orig(keys, chunks)
+        out = orig(keys, chunks, sampling)
         torch.cuda.synchronize()
         forward_s += time.perf_counter() - t0
         return out
 
+    # the GPU time of each graph replay (events around it): the step's device time
+    replays: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    device_ms: list[float] = []
+    orig_replay = torch.cuda.CUDAGraph.replay
+
+    def timed_replay(graph: torch.cuda.CUDAGraph) -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        orig_replay(graph)
+        end.record()
+        replays.append((start, end))
+
+    torch.cuda.CUDAGraph.replay = timed_replay  # type: ignore[method-assign]
+    orig_launch = getattr(runner, "launch", None)
+
+    def timed_launch(keys, chunks, sampling=None):  # noqa: ANN001, ANN202
+        # a graph step: from its launch to its results (the host's records of the previous
+        # step run in between, overlapping the GPU)
+        assert orig_launch is not None
+        t0 = time.perf_counter()
+        collect = orig_launch(keys, chunks, sampling)
+        if collect is None:
+            return None
+
+        def timed_collect():  # noqa: ANN202
+            nonlocal forward_s
+            out = collect()
+            forward_s += time.perf_counter() - t0
+            return out
+
+        return timed_collect
+
+    if orig_launch is not None:
+        runner.launch = timed_launch  # type: ignore[method-assign]
     runner.step = timed_step  # type: ignore[method-assign]
     while core.has_work():  # (a finished request's cache is freed: runners are reusable)
         prefilling = any(s.num_generated == 0 for s in core.running) or core.waiting
@@ -108,14 +167,23 @@ def run(
         core.step()
         if not prefilling and first_decode:  # compiles / captures: not timed
             first_decode, forward_s = False, forward_before
+            if count:
+                count_forward(model.cfg, runner, core)
         elif not prefilling:
             step_times.append(time.perf_counter() - t0)
             decode_s += step_times[-1]
             tokens += core.generated_tokens - before
             steps += 1
+            torch.cuda.synchronize()
+            device_ms.append(sum(a.elapsed_time(b) for a, b in replays))
         else:
             forward_s = forward_before
+        replays.clear()
     runner.step = orig  # type: ignore[method-assign]
+    if orig_launch is not None:
+        runner.launch = orig_launch  # type: ignore[method-assign]
+    torch.cuda.CUDAGraph.replay = orig_replay  # type: ignore[method-assign]
+    device_ms.sort()
     step_ms = 1000 * decode_s / max(steps, 1)
     step_times.sort()
     graphs = getattr(runner, "graphs", None)
@@ -127,6 +195,9 @@ def run(
         "tok_s": batch / step_times[len(step_times) // 2] if step_times else 0.0,
         "step_ms": step_ms,
         "forward_share": forward_s / decode_s if decode_s else 0.0,
+        # median GPU time of a step's graph replay, and the share of the median step the
+        # GPU is not running it (host work: scheduling, records, sampling off the graph)
+        "device_ms": device_ms[len(device_ms) // 2] if device_ms else 0.0,
         "hbm": step_bytes(model, batch, prompt_len) / step_times[len(step_times) // 2] / 4.8e12
         if step_times
         else 0.0,
@@ -145,6 +216,9 @@ def main() -> None:
     parser.add_argument("--reduce", default="tree", help="comma list: tree (invariant), allreduce")
     parser.add_argument("--budget-s", type=float, default=1e9)
     parser.add_argument("--kernels", default="invariant", help="comma list: invariant, plain")
+    parser.add_argument(
+        "--count", action="store_true", help="print the kernel launches of one decode forward"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -157,9 +231,10 @@ def main() -> None:
     )
     print(
         "\n| kernels | TP | reduction | graphs | batch | context | decode tokens/s | step ms (median / max) "
-        "| forward share | HBM util | graph replays | graphs captured (s) |"
+        "| forward share | GPU ms (graph) | host share | HBM util | graph replays "
+        "| graphs captured (s) |"
     )
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kernels, prompt in (
         (k, int(p)) for k in args.kernels.split(",") for p in args.prompts.split(",")
     ):
@@ -188,15 +263,18 @@ def measure(  # noqa: PLR0913
         ecfg, runner = make(model, batch, prompt, args, tp, reduce if tp > 1 else "tree", graphs)
         captured = getattr(runner, "graphs", None)
         try:
-            r = run(model, batch, prompt, runner, ecfg, args.gen)
+            r = run(model, batch, prompt, runner, ecfg, args.gen, args.count and graphs)
         finally:
             runner.close()
             del runner
             torch.cuda.empty_cache()
     capture = f"{len(captured.graphs)} ({captured.capture_s:.1f})" if captured is not None else "-"
+    host = f"{1 - r['device_ms'] / r['median_ms']:.0%}" if r["device_ms"] else "-"
+    device = f"{r['device_ms']:.2f}" if r["device_ms"] else "-"
     return (
         f"| {r['tok_s']:.0f} | {r['step_ms']:.1f} ({r['median_ms']:.1f} / {r['max_ms']:.0f}) "
-        f"| {r['forward_share']:.0%} | {r['hbm']:.1%} | {r['replays']} | {capture} |"
+        f"| {r['forward_share']:.0%} | {device} | {host} | {r['hbm']:.1%} | {r['replays']} "
+        f"| {capture} |"
     )
 
 

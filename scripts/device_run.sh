@@ -14,6 +14,8 @@
 #   sched     benchmarks/bench_linear_schedules.py (serial / split schedules vs cuBLAS in graphs)
 #   dense     the invariant linear's kernel tests (schedules, dense, grouped, the dispatcher's
 #             batch invariance at every preset shape) only
+#   fused     the fused inference kernels' and decode graphs' tests only (bitwise the unfused ops)
+#   count     benchmarks/count_decode_kernels.py (launches per block of a decode step; COUNT_ARGS)
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
 #             wheels of pydantic, SQLAlchemy, alembic, jsonschema, ...; JOB_ARGS adds --set's)
 set -u
@@ -34,6 +36,7 @@ for step in "$@"; do
   case "$step" in
     tests)
       timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_fused_kernels.py tests/model/test_fused_inference.py \
         tests/kernels/test_triton_dense.py tests/kernels/test_triton_attention.py \
         tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
         tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
@@ -45,6 +48,14 @@ for step in "$@"; do
       timeout "${DENSE_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/kernels/test_linear_schedules.py tests/kernels/test_triton_dense.py \
         tests/kernels/test_linear_invariance.py 2>&1 | tee "$OUT/dense.log" | tail -20 ;;
+    fused)
+      timeout "${FUSED_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_fused_kernels.py tests/model/test_fused_inference.py \
+        tests/engine/test_decode_graphs.py tests/model/test_triton_path.py 2>&1 \
+        | tee "$OUT/fused.log" | tail -30 ;;
+    count)
+      timeout "${COUNT_TIMEOUT:-120}" python3 benchmarks/count_decode_kernels.py ${COUNT_ARGS:-} 2>&1 \
+        | tee -a "$OUT/count.log" ;;
     sched)
       timeout "${SCHED_TIMEOUT:-150}" python3 benchmarks/bench_linear_schedules.py ${SCHED_ARGS:-} \
         2>&1 | tee "$OUT/sched.log" ;;

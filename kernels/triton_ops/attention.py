@@ -81,10 +81,11 @@ def packed_attention(
 
 def paged_attention(
     q: Tensor, k_pool: Tensor, v_pool: Tensor, tiles: QueryTiles, kv: PagedKV,
-    shape: AttentionShape,
+    shape: AttentionShape, gate: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """Inference over the engine's pools (no autograd)."""
-    return attention_forward(q, k_pool, v_pool, tiles, kv, **shape.kwargs())[0]
+    """Inference over the engine's pools (no autograd); `gate` (N, H): the output gate
+    applied in the kernel's epilogue (bitwise `out * gate[..., None]`)."""
+    return attention_forward(q, k_pool, v_pool, tiles, kv, **shape.kwargs(), gate=gate)[0]
 
 
 def selected_block_mass(

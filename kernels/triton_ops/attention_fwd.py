@@ -125,9 +125,11 @@ def _attn_fwd(
     step_off, step_ids,
     sel_bits, sb_stride_n, sb_stride_g,
     qk_scale, window,
+    GATE, gate_stride_n,
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_GATE: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     g = tl.program_id(1)
@@ -173,20 +175,33 @@ def _attn_fwd(
         acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PRECISION, UPCAST)
         m = m_new
     seen = denom > 0
-    out = acc / tl.where(seen, denom, 1.0)[:, None]
+    out = (acc / tl.where(seen, denom, 1.0)[:, None]).to(Out.dtype.element_ty)
+    if HAS_GATE:
+        # the output gate, as `out * gate` after the store would compute it: the rounded
+        # output times the rounded gate, in fp32, rounded again
+        gate = tl.load(GATE + qrow * gate_stride_n + head, mask=present, other=0.0)
+        out = (out.to(tl.float32) * gate.to(tl.float32)[:, None]).to(Out.dtype.element_ty)
     tl.store(
         Out + qrow[:, None] * o_stride_n + head[:, None] * o_stride_h + d[None, :],
-        out.to(Out.dtype.element_ty),
+        out,
         mask=present[:, None] & (d < D)[None, :],
     )
     lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), float("-inf"))
     tl.store(LSE + qrow * (G * tl.num_programs(1)) + head, lse, mask=present)
 
 
+_NO_SELECTION: dict[torch.device, tuple[Tensor, Tensor, Tensor]] = {}
+
+
 def no_selection(device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Placeholder CSR/bitmap arguments for SWA launches (never read)."""
-    z = torch.zeros(1, dtype=torch.int32, device=device)
-    return z, z, torch.zeros(1, 1, 1, dtype=torch.int32, device=device)
+    """Placeholder CSR/bitmap arguments for SWA launches (never read): allocated once per
+    device (two fill launches per SWA layer otherwise; never inside a graph capture, which
+    the engine's eager warm-up precedes)."""
+    if device not in _NO_SELECTION:
+        with torch.inference_mode(False):
+            z = torch.zeros(1, dtype=torch.int32, device=device)
+            _NO_SELECTION[device] = (z, z, torch.zeros(1, 1, 1, dtype=torch.int32, device=device))
+    return _NO_SELECTION[device]
 
 
 def attention_forward(
@@ -201,11 +216,14 @@ def attention_forward(
     window: int = 0,
     sparse: tuple[Tensor, Tensor, Tensor] | None = None,
     block: int = 1,
+    gate: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """q (N, H, D), pools (R, Hkv, D) -> out (N, H, D) in q's dtype, lse (N, H) fp32 base 2.
 
     `sparse` = (step_off (n_tiles * Hkv + 1,), step_ids, sel_bits (N, Hkv, NW)) selects
-    Sparse GQA; otherwise SWA with `window`.
+    Sparse GQA; otherwise SWA with `window`. `gate` (N, H) in q's dtype: the output is
+    `out * gate[..., None]` (the attention output gate, fused; inference only: the
+    backward reads the ungated output).
     """
     check_device(q, k_pool, v_pool)
     n, h, d = q.shape
@@ -225,7 +243,9 @@ def attention_forward(
         step_off, step_ids,
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
+        gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
         G=g, T=tiles.T, D=d, DP=next_pow2(d), STEP=step, PAGE=kv.page_size, BLK=block,
         SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
+        HAS_GATE=gate is not None,
     )  # fmt: skip
     return out, lse

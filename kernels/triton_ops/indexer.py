@@ -33,6 +33,7 @@ from rlsys.kernels.triton_ops.common import check_device, interpreting, mma, nex
 SCORE_CHUNK_BYTES = 256 * 2**20  # score buffer per chunk of queries
 NBT = 64  # blocks per score program
 SYNC_FREE_IDS = 1 << 24  # union id buffers up to this size are allocated without a sync
+PREFIX_MAX = 4096  # (tile, group)s up to which the write pass sums the counts before it
 
 
 @triton.jit
@@ -233,14 +234,17 @@ def _tile_slice(tiles: QueryTiles, t0: int, t1: int) -> QueryTiles:
 
 @triton.jit
 def _union_steps(
-    BITS, OFF, IDS,
+    BITS, OFF, IDS, COUNTS,
     tile_slot0, tile_lo, tile_hi, tile_row,
     sb_stride_n, sb_stride_g, nw_bits, nw_iter,
     COUNT_ONLY: tl.constexpr, T: tl.constexpr, WB: tl.constexpr,
-    NBS: tl.constexpr, BLK: tl.constexpr,
+    NBS: tl.constexpr, BLK: tl.constexpr, PREFIX: tl.constexpr,
 ):  # fmt: skip
     """Per (tile, group): the ascending steps holding a block any present row selected, or a
-    present row's own block. COUNT_ONLY writes the count; otherwise the ids at OFF."""
+    present row's own block. COUNT_ONLY writes the count at OFF[i + 1] (and OFF[0] = 0);
+    otherwise the ids from OFF[i] on, or with PREFIX from the sum of the counts before it
+    (COUNTS, the count pass's output), which it also writes to OFF[i] (and the total to
+    the last OFF): no separate prefix sum."""
     tile = tl.program_id(0)
     g = tl.program_id(1)
     hkv = tl.num_programs(1)
@@ -249,7 +253,21 @@ def _union_steps(
     hi = tl.load(tile_hi + tile)
     row0 = tl.load(tile_row + tile)
     own_lo, own_hi = lo // BLK, (hi - 1) // BLK
-    base = tl.load(OFF + tile * hkv + g) if not COUNT_ONLY else 0
+    me = tile * hkv + g
+    if COUNT_ONLY:
+        base = 0
+        if me == 0:
+            tl.store(OFF, 0)
+    elif PREFIX:
+        # integer sum of the counts of the (tile, group)s before this one: exact, any order
+        acc = tl.zeros([256], tl.int32)
+        c = tl.arange(0, 256)
+        for j0 in range(0, me, 256):
+            acc += tl.load(COUNTS + 1 + j0 + c, mask=j0 + c < me, other=0)
+        base = tl.sum(acc, axis=0)
+        tl.store(OFF + me, base)
+    else:
+        base = tl.load(OFF + me)
     count = 0
     w = tl.arange(0, WB)
     bit = tl.arange(0, 32)
@@ -280,7 +298,10 @@ def _union_steps(
             tl.store(IDS + slot, ids, mask=flat == 1)
         count += tl.sum(flat, axis=0)
     if COUNT_ONLY:
-        tl.store(OFF + tile * hkv + g + 1, count)
+        tl.store(OFF + me + 1, count)
+    elif PREFIX:
+        if me == tl.num_programs(0) * hkv - 1:
+            tl.store(OFF + me + 1, base + count)
 
 
 def union_steps(
@@ -296,9 +317,10 @@ def union_steps(
     assert 32 % nbs == 0
     nw_iter = tiles.max_pos // block // 32 + 1
     wb = min(64, next_pow2(nw_iter, at_least=1))
-    counts = torch.zeros(tiles.n_tiles * hkv + 1, dtype=torch.int32, device=dev)
     if tiles.n_tiles == 0:
+        counts = torch.zeros(1, dtype=torch.int32, device=dev)
         return counts, counts[:0]
+    counts = torch.empty(tiles.n_tiles * hkv + 1, dtype=torch.int32, device=dev)
     args = (
         tiles.slot0,
         tiles.lo,
@@ -310,12 +332,20 @@ def union_steps(
         nw_iter,
     )
     meta = {"T": tiles.T, "WB": wb, "NBS": nbs, "BLK": block}
+    grid = (tiles.n_tiles, hkv)
     dummy = counts[:1]
-    _union_steps[(tiles.n_tiles, hkv)](sel.bits, counts, dummy, *args, COUNT_ONLY=True, **meta)
-    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    # an upper bound on the ids avoids reading the total back (a device sync) when small
+    _union_steps[grid](sel.bits, counts, dummy, dummy, *args, COUNT_ONLY=True, PREFIX=False, **meta)
+    # an upper bound on the ids avoids reading the total back (a device sync) when small;
+    # then the write pass sums the counts before each (tile, group) itself (two launches)
     bound = tiles.n_tiles * hkv * (tiles.max_pos // step + 1)
+    if bound <= SYNC_FREE_IDS and tiles.n_tiles * hkv <= PREFIX_MAX:
+        offsets = torch.empty_like(counts)
+        ids = torch.empty(bound, dtype=torch.int32, device=dev)
+        _union_steps[grid](sel.bits, offsets, ids, counts, *args, COUNT_ONLY=False, PREFIX=True,
+                           **meta)  # fmt: skip
+        return offsets, ids
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
     size = bound if bound <= SYNC_FREE_IDS else int(offsets[-1])
     ids = torch.empty(size, dtype=torch.int32, device=dev)
-    _union_steps[(tiles.n_tiles, hkv)](sel.bits, offsets, ids, *args, COUNT_ONLY=False, **meta)
+    _union_steps[grid](sel.bits, offsets, ids, dummy, *args, COUNT_ONLY=False, PREFIX=False, **meta)
     return offsets, ids

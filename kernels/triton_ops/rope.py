@@ -3,6 +3,9 @@
 Elementwise per (row, head, pair): the rotation of a position depends on that position
 alone, so a token gets the same q/k in any call. `inv_freq` comes in precomputed (one
 tensor per head dim), so the angles are the same fp32 products torch forms.
+`rotate` is shared with the fused projection epilogue (`qkv_post`); both launch without FMA
+contraction, so the rotation rounds as written and a fused and an unfused rotation of the
+same input give the same bits.
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ from torch import Tensor
 from rlsys.kernels.triton_ops.common import check_device
 
 ROWS = 16  # (row, head) pairs per program
+
+
+@triton.jit
+def rotate(x1, x2, pos, inv):
+    """(x1 cos - x2 sin, x2 cos + x1 sin) at angles pos * inv, in fp32."""
+    ang = pos * inv
+    c, s = tl.cos(ang), tl.sin(ang)
+    return x1 * c - x2 * s, x2 * c + x1 * s
 
 
 @triton.jit
@@ -42,14 +53,13 @@ def _rope(
     mask = live[:, None] & cols[None, :]
     pos = tl.load(POS + n, mask=live, other=0).to(tl.float32)
     inv = tl.load(INV + i, mask=cols, other=0.0)
-    ang = pos[:, None] * inv[None, :]
-    c, s = tl.cos(ang), tl.sin(ang)
     base = X + n[:, None] * sx_n + h[:, None] * sx_h + i[None, :]
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    y1, y2 = rotate(x1, x2, pos[:, None], inv[None, :])
     out = Y + n[:, None] * sy_n + h[:, None] * sy_h + i[None, :]
-    tl.store(out, (x1 * c - x2 * s).to(Y.dtype.element_ty), mask=mask)
-    tl.store(out + HALF, (x2 * c + x1 * s).to(Y.dtype.element_ty), mask=mask)
+    tl.store(out, y1.to(Y.dtype.element_ty), mask=mask)
+    tl.store(out + HALF, y2.to(Y.dtype.element_ty), mask=mask)
 
 
 def rope_fwd(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
@@ -62,6 +72,6 @@ def rope_fwd(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
         _rope[(triton.cdiv(pairs, ROWS),)](
             x, y, positions, inv_freq, pairs, h,
             x.stride(0), x.stride(1), y.stride(0), y.stride(1),
-            HALF=d // 2, HP=triton.next_power_of_2(d // 2), ROWS=ROWS,
+            HALF=d // 2, HP=triton.next_power_of_2(d // 2), ROWS=ROWS, enable_fp_fusion=False,
         )  # fmt: skip
     return y

@@ -15,23 +15,33 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.triton_ops.common import check_device
+from rlsys.kernels.triton_ops.linear import _tree_of
+from rlsys.kernels.triton_ops.partials import Partials
 
 CHUNK = 4096
 ROW_ELEMENTS = 4096  # elements one RMSNorm program holds (rows x padded width)
 
 
 @triton.jit
-def _rms_norm(X, G, Y, n_rows, n_cols, sx, sy, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    # ROWS rows per program, each reduced along its own axis-1 slice (same tree per row)
+def _rms_norm(
+    X, R, H, G, Y, n_rows, n_cols, sx, sr, sh, sy, eps, r_mn,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, R_NCH: tl.constexpr,
+):  # fmt: skip
+    # ROWS rows per program, each reduced along its own axis-1 slice (same tree per row).
+    # HAS_RES: x = X + R (the residual add, fp32) is stored to H, then normalised; R is
+    # the balanced tree of R_NCH chunk products r_mn apart (`partials`; 1: R itself).
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK)
     mask = (row < n_rows)[:, None] & (c < n_cols)[None, :]
     x = tl.load(X + row[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = _tree_of(R, row[:, None].to(tl.int64) * sr + c[None, :], r_mn, mask, R_NCH)
+        x = x + r.to(tl.float32)
+        tl.store(H + row[:, None] * sh + c[None, :], x, mask=mask)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     gamma = tl.load(G + c, mask=c < n_cols, other=0.0).to(tl.float32)
-    tl.store(
-        Y + row[:, None] * sy + c[None, :], x * inv[:, None] * (1.0 + gamma)[None, :], mask=mask
-    )
+    y = x * inv[:, None] * (1.0 + gamma)[None, :]
+    tl.store(Y + row[:, None] * sy + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -54,22 +64,59 @@ def _log_softmax(X, Y, n_cols, sx, sy, CHUNK: tl.constexpr):
         tl.store(Y + row * sy + start + c, x.to(tl.float32) - lse, mask=start + c < n_cols)
 
 
-def rms_norm_fwd(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
-    """x (..., d) -> fp32 x / rms(x) * (1 + gamma)."""
-    check_device(x, gamma)
+def _rows(x: Tensor) -> Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _launch_norm(
+    x: Tensor, res: Tensor | Partials | None, gamma: Tensor, eps: float, out_dtype: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
     d = x.shape[-1]
-    rows = x.reshape(-1, d)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    out = torch.empty(rows.shape, dtype=torch.float32, device=x.device)
+    rows = _rows(x)
+    out = torch.empty(rows.shape, dtype=out_dtype, device=x.device)
+    h = torch.empty(rows.shape, dtype=torch.float32, device=x.device) if res is not None else None
     if rows.shape[0]:
+        if isinstance(res, Partials):
+            assert res.cols == d and res.rows == rows.shape[0]
+            r, r_stride, r_nch, r_mn = res.p, d, res.nch, res.rows * d
+        else:
+            r = _rows(res) if res is not None else rows
+            r_stride, r_nch, r_mn = r.stride(0), 1, 0
+        hh = h if h is not None else out
         block = triton.next_power_of_2(d)
         per = max(1, ROW_ELEMENTS // block)
+        # no FMA contraction: the add, the square sum and the scaling round as written, in
+        # every specialisation (with or without the residual, any output dtype)
         _rms_norm[(triton.cdiv(rows.shape[0], per),)](
-            rows, gamma, out, rows.shape[0], d, rows.stride(0), out.stride(0), eps,
-            BLOCK=block, ROWS=per,
+            rows, r, hh, gamma, out, rows.shape[0], d, rows.stride(0), r_stride,
+            hh.stride(0), out.stride(0), eps, r_mn,
+            BLOCK=block, ROWS=per, HAS_RES=res is not None, R_NCH=r_nch,
+            enable_fp_fusion=False,
         )  # fmt: skip
-    return out.view(*x.shape[:-1], d)
+    shape = (*x.shape[:-1], d)
+    return out.view(shape), (h.view(shape) if h is not None else None)
+
+
+def rms_norm_fwd(
+    x: Tensor, gamma: Tensor, eps: float, out_dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """x (..., d) -> x / rms(x) * (1 + gamma), computed in fp32, stored in `out_dtype`
+    (rounded once: the same bits as the fp32 result cast afterwards)."""
+    check_device(x, gamma)
+    return _launch_norm(x, None, gamma, eps, out_dtype)[0]
+
+
+def add_rms_norm_fwd(
+    h: Tensor, a: Tensor | Partials, gamma: Tensor, eps: float, out_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """The residual add and the next norm in one launch: (h + a in fp32, its RMSNorm in
+    `out_dtype`); bitwise `h + a.float()` followed by `rms_norm_fwd` of the sum. `a` may
+    be a product's unreduced chunk products (`partials.Partials`), summed here."""
+    check_device(h, a.p if isinstance(a, Partials) else a, gamma)
+    y, h_new = _launch_norm(h, a, gamma, eps, out_dtype)
+    assert h_new is not None
+    return h_new, y
 
 
 def log_softmax_fwd(x: Tensor) -> Tensor:

@@ -3,7 +3,10 @@
 Each `step()` admits waiting requests (prefix-cache lookup first), packs one decode row for
 every sequence that has a sampled token to feed plus prefill chunks of the others (within
 `max_step_tokens`) into ONE forward step, then samples for every sequence whose rows are
-all fed. Requests join and leave at every step.
+all fed. Requests join and leave at every step. A decode step served by a CUDA graph is
+launched first and its tokens drawn on the device; the host writes the previous step's
+per-token records (log-prob, version, candidates, routes) while the GPU runs it, and only
+the token ids and the stop checks stand between two steps.
 
 Invariants:
 - A token's log-probs depend only on its sequence (batch-invariant kernels): not on the
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +45,7 @@ from rlsys.engine.runner import DraftingRunner, ModelRunner
 from rlsys.engine.sampler import RowParams, SampledToken, request_seed, sample_batch
 from rlsys.engine.sequence import Sequence
 from rlsys.engine.validation import request_error
+from rlsys.model import RoutedExperts
 from rlsys.tokenizer import ByteTokenizer
 
 
@@ -81,6 +85,7 @@ class EngineCore:
         self.steps = self.generated_tokens = self.forward_rows = 0
         self.draft_tokens = self.accepted_draft_tokens = 0
         self._busy_s = 0.0
+        self._deferred: list[Callable[[], None]] = []  # see `_defer`
         engine_cfg.check_model(model_cfg)
 
     # ---- requests ----------------------------------------------------------------------
@@ -123,6 +128,7 @@ class EngineCore:
 
     def update_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Load version `version`; in-flight sequences continue, recomputed under it."""
+        self._flush()
         self.runner.load_state_dict(state)
         superseded, self.version = self.version, version
         self.prefix.clear()
@@ -197,11 +203,24 @@ class EngineCore:
             budget -= len(chunk)
         if not batch:
             return
-        out = self.runner.step([s.cache_key for s, _ in batch], [c for _, c in batch])
+        # decode rows that will sample right after this step: the runner may draw their
+        # tokens on the device, inside the step (decode graphs), from their own generators
+        sampling = None
+        if all(len(c) == 1 and seq.num_pending == 1 for seq, c in batch):
+            sampling = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s, _ in batch]
+        keys, chunks = [s.cache_key for s, _ in batch], [c for _, c in batch]
+        launch = getattr(self.runner, "launch", None)
+        collect = launch(keys, chunks, sampling) if launch is not None else None
+        # the previous step's records are written while the GPU runs this one
+        self._flush()
+        out = collect() if collect is not None else self.runner.step(keys, chunks, sampling)
+        if out.routes is not None:
+            routes = out.routes
+            self._defer(lambda: self._keep_routes(routes, batch))
         row = 0
         for i, (seq, chunk) in enumerate(batch):
-            if out.routes is not None:
-                seq.routes.append(out.routes.select(slice(row, row + len(chunk))))
+            if out.sampled is not None:
+                seq.presampled = out.sampled[i]
             row += len(chunk)
             seq.spec_rows = len(seq.fed_drafts)
             seq.num_cached += len(chunk) - seq.spec_rows
@@ -212,6 +231,29 @@ class EngineCore:
             elif seq.num_pending == 0:
                 seq.ready_logits = out.last_logits[i]
         self.forward_rows += row
+
+    def _keep_routes(self, routes: RoutedExperts, batch: list[tuple[Sequence, list[int]]]) -> None:
+        """Each sequence keeps its rows of a step's routes (compacted once for the step)."""
+        compact = routes.to_compact(self.model_cfg.n_experts, self.cfg.route_gates)
+        row = 0
+        for seq, chunk in batch:
+            rows = slice(row, row + len(chunk))
+            seq.routes.append_compact({key: t[:, rows] for key, t in compact.items()})
+            row += len(chunk)
+
+    def _defer(self, record: Callable[[], None]) -> None:
+        """Queue host bookkeeping that no scheduling decision reads (route rows, per-token
+        records): written by `_flush`, while the GPU runs the next step (or before anything
+        reads them: a finished, aborted or updated sequence flushes first)."""
+        if self.cfg.speculative_tokens:  # verifies roll rows back within the step
+            record()
+        else:
+            self._deferred.append(record)
+
+    def _flush(self) -> None:
+        records, self._deferred = self._deferred, []
+        for record in records:
+            record()
 
     def _sample_ready(self) -> list[GenerationResult]:
         """Sample every sequence whose rows are all fed, in batches (one host copy each).
@@ -228,8 +270,7 @@ class EngineCore:
                 self._remember_prompt(seq, current[ready.index(seq)])  # type: ignore[arg-type]
         finished, j = [], 0
         while active:
-            rows = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s in active]
-            sampled = sample_batch(torch.stack(current), rows, self.cfg.sample_vocab)  # type: ignore[arg-type]
+            sampled = self._draw(active, current)
             next_active, next_logits = [], []
             for seq, tok, logits in zip(active, sampled, current, strict=True):
                 self._emit(seq, tok)
@@ -249,16 +290,39 @@ class EngineCore:
             self._draft([s for s in ready if s.cache_key is not None])
         return finished
 
+    def _draw(self, active: list[Sequence], current: list[Tensor]) -> list[SampledToken]:
+        """One token per sequence: the one its step drew on the device, else sampled here
+        (in one batch) from its logits."""
+        todo = [i for i, s in enumerate(active) if s.presampled is None]
+        drawn = [s.presampled for s in active]
+        if todo:
+            rows = [active[i] for i in todo]
+            params = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s in rows]
+            logits = torch.stack([current[i] for i in todo])
+            for i, tok in zip(
+                todo, sample_batch(logits, params, self.cfg.sample_vocab), strict=True
+            ):
+                drawn[i] = tok
+        for seq in active:
+            seq.presampled = None
+        return drawn  # type: ignore[return-value]
+
     def _emit(self, seq: Sequence, tok: SampledToken) -> None:
+        row, version = len(seq.tokens) - 1, self.version
+        self._defer(lambda: self._record(seq, tok, version, row))
+        seq.tokens.append(tok.token_id)
+        self.generated_tokens += 1
+
+    @staticmethod
+    def _record(seq: Sequence, tok: SampledToken, version: int, row: int) -> None:
+        """A generated token's record: id, log-prob, version, candidates, its input row's routes."""
         res = seq.result
         res.token_ids.append(tok.token_id)
         res.logprobs.append(tok.logprob)
-        res.versions.append(self.version)
+        res.versions.append(version)
         res.candidate_ids.append(tok.candidates)
         res.candidate_capped.append(tok.capped)
-        res.routed_experts.append(seq.routes.row(len(seq.tokens) - 1))
-        seq.tokens.append(tok.token_id)
-        self.generated_tokens += 1
+        res.routed_experts.append(seq.routes.row(row))
 
     def _settle(self, seq: Sequence, accepted: int) -> None:
         """End a verify: roll back the rows of the drafts after the `accepted` first ones."""
@@ -284,6 +348,7 @@ class EngineCore:
 
     def _remember_prompt(self, seq: Sequence, logits: Tensor) -> None:
         """Snapshot the cache right after the prompt (serves a group's identical prompts)."""
+        self._flush()
         prompt = tuple(seq.request.prompt_ids)
         if not self.cfg.prefix_cache_tokens or prompt in self.prefix:
             return
@@ -294,6 +359,7 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: FinishReason, logits: Tensor) -> GenerationResult:
         """Hand the finished cache (covering tokens[:-1]) to the prefix cache."""
+        self._flush()
         result = self._result(seq, reason)
         if self.cfg.prefix_cache_tokens:
             covered = tuple(seq.tokens[: seq.num_cached])
@@ -308,6 +374,7 @@ class EngineCore:
     def _close(
         self, seq: Sequence, reason: FinishReason, error: str | None = None
     ) -> GenerationResult:
+        self._flush()
         if seq.cache_key is not None:
             self.runner.free_cache(seq.cache_key)
             seq.cache_key = None

@@ -18,9 +18,14 @@ Invariants:
 - A token's logits and routes are bitwise what the eager `forward_step` gives it (see
   `StaticDecodeLayout`): the graph only removes the host from the step.
 - Weights are updated in place (`load_state_dict` copies into the captured parameters), so
-  graphs stay valid across weight updates.
+  graphs stay valid across weight updates; the fused weights the graphs read
+  (`rlsys.model.fused_weights`) are refreshed before the first replay after a load.
 - Off CUDA (`capture=False`, the CPU tests under Triton's interpreter) the same static step
   runs eagerly, which is how the layout is tested without a GPU.
+- With a sampler (`sampler=(candidate cap, sample vocab)`), the graph also draws every
+  row's token (`sampler.sample_rows` over static parameter buffers), so the whole step,
+  sampling included, is one replay and one host copy of its results; a token is what
+  `sample_batch` would draw from the same logits with the same uniform.
 """
 
 from __future__ import annotations
@@ -31,12 +36,46 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlsys.engine.sampler import (
+    RowParams,
+    RowTensors,
+    SampledToken,
+    SampleOut,
+    draw_uniforms,
+    sample_rows,
+)
 from rlsys.model import RoutedExperts, RoutingRecorder, Transformer
 from rlsys.model.decode_layout import StaticDecodeLayout, scratch_pages
 from rlsys.model.paged_cache import PagedSeqCache
 
 BATCH_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 FIRST_BUCKET = 1024  # context buckets: 1K, 4K, 16K, ... (x4), capped at the engine's limit
+
+
+class SamplingBuffers:
+    """Fixed buffers of a graph's per-row sampling parameters (padding rows: a harmless
+    default), filled from the host with one copy per step."""
+
+    def __init__(self, batch: int, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.host = torch.zeros(5, batch, dtype=torch.float64, pin_memory=pin)
+        self.dev = torch.zeros(5, batch, dtype=torch.float64, device=device)
+        self.fill([])
+
+    def tensors(self) -> RowTensors:
+        d = self.dev
+        return RowTensors(d[0].float(), d[1].long(), d[2], d[3].long(), d[4])
+
+    def fill(self, rows: list[RowParams]) -> None:
+        h, n = self.host, len(rows)
+        h[:, n:] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5], dtype=torch.float64)[:, None]
+        if n:
+            h[0, :n] = torch.tensor([r.params.temperature for r in rows], dtype=torch.float64)
+            h[1, :n] = torch.tensor([float(r.params.top_k) for r in rows], dtype=torch.float64)
+            h[2, :n] = torch.tensor([r.params.top_p for r in rows], dtype=torch.float64)
+            h[3, :n] = torch.tensor([float(r.cap) for r in rows], dtype=torch.float64)
+            h[4, :n] = torch.tensor(draw_uniforms(rows), dtype=torch.float64)
+        self.dev.copy_(h, non_blocking=True)
 
 
 @dataclass
@@ -46,14 +85,34 @@ class _Graph:
     indices: Tensor | None  # (L, B, k) routed experts
     gates: Tensor | None
     graph: torch.cuda.CUDAGraph | None  # None: run eagerly (no CUDA)
+    params: SamplingBuffers | None = None
+    sampled: SampleOut | None = None
+
+
+@dataclass
+class Launched:
+    """A decode step replayed, its results on their way to the host."""
+
+    logits: Tensor  # (n, V) fp32 on the device
+    host: list[Tensor]  # [indices, gates] when routed, then the packed draws when drawn
+    drew: bool
+    done: torch.cuda.Event | None  # recorded after the copies (None off CUDA)
 
 
 class DecodeGraphs:
     """Captured decode steps of one model and its page pool (see module doc)."""
 
-    def __init__(self, model: Transformer, max_batch: int, max_context: int, capture: bool) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        max_batch: int,
+        max_context: int,
+        capture: bool,
+        sampler: tuple[int, int | None] | None = None,
+    ) -> None:
         assert model.page_pool is not None, "decode graphs read the paged KV cache"
         self.model, self.pool, self.capture = model, model.page_pool, capture
+        self.sampler = sampler  # (candidate columns, sample vocab), or no sampling
         self.ladder = [b for b in BATCH_LADDER if b < max_batch] + [max_batch]
         page = self.pool.page_size
         buckets, c = [], FIRST_BUCKET
@@ -66,6 +125,9 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle() if capture else None
         self.steps = 0  # decode steps served (a graph replay each, on CUDA)
+        self.draws = 0  # of which the graph also sampled
+        # the model's weights generation the captured fused weights hold
+        self.generation = model.weights_generation
         self.capture_s = 0.0  # wall time spent building graphs (captures and their warm-ups)
 
     def capture_all(self) -> int:
@@ -88,52 +150,105 @@ class DecodeGraphs:
         )
 
     def run(
-        self, tokens: list[int], caches: list[PagedSeqCache]
-    ) -> tuple[Tensor, RoutedExperts | None]:
-        """Feed each sequence its next token: fp32 logits (n, V) and routes (L, n, k)."""
+        self,
+        tokens: list[int],
+        caches: list[PagedSeqCache],
+        sampling: list[RowParams] | None = None,
+    ) -> tuple[Tensor, RoutedExperts | None, list[SampledToken] | None]:
+        """Feed each sequence its next token: fp32 logits (n, V), routes (L, n, k), and,
+        given `sampling` (one row per sequence) and a sampler, each row's drawn token."""
+        return self.collect(self.launch(tokens, caches, sampling))
+
+    def launch(
+        self,
+        tokens: list[int],
+        caches: list[PagedSeqCache],
+        sampling: list[RowParams] | None = None,
+    ) -> Launched:
+        """`run`'s first half: the step is replayed and its results start for the host;
+        `collect` waits for them. Between the two the host may do other work while the GPU
+        runs the step (the engine writes the previous step's records then)."""
         n = len(tokens)
         batch = next(b for b in self.ladder if b >= n)
         longest = max(c.length for c in caches)
         bucket = next(b for b in self.buckets if longest < b)
         g = self.graphs.get((batch, bucket)) or self._build(batch, bucket)
         g.layout.fill(tokens, caches)
+        draw = sampling is not None and g.params is not None
+        if draw:
+            assert g.params is not None and sampling is not None and len(sampling) == n
+            g.params.fill(sampling)
         if g.graph is not None:
+            if self.generation != self.model.weights_generation:  # weights loaded since
+                self.model.refresh_fused()
+                self.generation = self.model.weights_generation
             g.graph.replay()
         else:
-            g.logits, g.indices, g.gates = self._forward(g.layout)
+            g.logits, g.indices, g.gates, g.sampled = self._forward(g.layout, g.params)
         g.layout.advance(caches)
         self.steps += 1
-        routes = None
+        # copies out of the graph's buffers (the next replay overwrites them), then to the
+        # host without waiting; `collect` waits on the event
+        logits = g.logits[:n].clone()
+        host: list[Tensor] = []
         if g.indices is not None and g.gates is not None:
-            routes = RoutedExperts(g.indices[:, :n].clone(), g.gates[:, :n].clone())
-        return g.logits[:n].clone(), routes
+            host += [g.indices[:, :n].to("cpu", non_blocking=True)]
+            host += [g.gates[:, :n].to("cpu", non_blocking=True)]
+        if draw and g.sampled is not None:
+            host.append(g.sampled.packed(n).to("cpu", non_blocking=True))
+            self.draws += 1
+        done = torch.cuda.Event() if logits.is_cuda else None
+        if done is not None:
+            done.record()
+        return Launched(logits, host, draw and g.sampled is not None, done)
 
-    def _forward(self, layout: StaticDecodeLayout) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def collect(
+        self, step: Launched
+    ) -> tuple[Tensor, RoutedExperts | None, list[SampledToken] | None]:
+        """Wait for a launched step's results (fp32 logits on the device, routes and drawn
+        tokens on the host)."""
+        if step.done is not None:
+            step.done.synchronize()
+        host = list(step.host)
+        routes = RoutedExperts(host.pop(0), host.pop(0)) if len(host) >= 2 else None
+        sampled = SampleOut.unpack(host.pop(0)) if step.drew else None
+        return step.logits, routes, sampled
+
+    def _forward(
+        self, layout: StaticDecodeLayout, params: SamplingBuffers | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, SampleOut | None]:
         recorder = RoutingRecorder()
         with torch.inference_mode():
             logits = self.model.forward_decode(layout.tokens, layout.positions, layout.kv, recorder)
+            sampled = None
+            if params is not None and self.sampler is not None:
+                width, vocab = self.sampler
+                v = logits.shape[1]
+                sampled = sample_rows(logits, params.tensors(), min(width, v), v, vocab)
         if not recorder.layers:  # a model without MoE layers records no routes
-            return logits, None, None
+            return logits, None, None, sampled
         routes = recorder.routes()
-        return logits, routes.indices, routes.gates
+        return logits, routes.indices, routes.gates, sampled
 
     def _build(self, batch: int, bucket: int) -> _Graph:
         started = time.perf_counter()
         layout = StaticDecodeLayout(self.model.cfg, self.pool, batch, bucket - 1, self.scratch)
         layout.fill([], [])  # padding rows only: warm-up and capture write the scratch pages
-        logits, indices, gates = self._forward(layout)  # compiles the kernels for this shape
+        params = SamplingBuffers(batch, self.pool.device) if self.sampler is not None else None
+        # compiles the kernels for this shape (and builds what the forward caches)
+        logits, indices, gates, sampled = self._forward(layout, params)
         graph = None
         if self.capture:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                self._forward(layout)
+                self._forward(layout, params)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.mempool):
-                logits, indices, gates = self._forward(layout)
+                logits, indices, gates, sampled = self._forward(layout, params)
             torch.cuda.synchronize()
-        built = _Graph(layout, logits, indices, gates, graph)
+        built = _Graph(layout, logits, indices, gates, graph, params, sampled)
         self.graphs[(batch, bucket)] = built
         self.capture_s += time.perf_counter() - started
         return built

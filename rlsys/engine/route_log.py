@@ -30,6 +30,12 @@ class RouteLog:
         self._parts.append(routes.to_compact(self.n_experts, self.gate_dtype))
         self.rows += routes.num_tokens
 
+    def append_compact(self, part: dict[str, Tensor]) -> None:
+        """Append rows already in this log's compact form (`RoutedExperts.to_compact` with
+        this log's dtypes), e.g. one sequence's rows of a whole step's compact routes."""
+        self._parts.append(part)
+        self.rows += part["indices"].shape[1]
+
     def extend(self, other: RouteLog, rows: int) -> None:
         """Take the first `rows` rows of `other` (a prefix-cache entry's log)."""
         if rows:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +30,7 @@ from torch import Tensor
 from rlsys.config.model import ModelConfig
 from rlsys.engine.decode_graphs import DecodeGraphs
 from rlsys.engine.mtp_drafter import Drafter
+from rlsys.engine.sampler import RowParams, SampledToken
 from rlsys.kernels.dispatch import use_triton
 from rlsys.model import ModelCache, RoutedExperts, RoutingRecorder, Transformer
 from rlsys.model.cache_rollback import rollback
@@ -41,13 +42,18 @@ class StepOutput:
     last_logits: Tensor  # (n_chunks, V) fp32, on the model's device (see sampler.py)
     routes: RoutedExperts | None  # routes of all packed rows, chunk after chunk
     row_logits: list[Tensor] | None = None  # per chunk (n_i, V): every row (LocalRunner)
+    # per chunk, the token drawn from its last row, when the step sampled on the device
+    # (decode graphs given `sampling`); None: the caller samples `last_logits`
+    sampled: list[SampledToken] | None = None
 
 
 class ModelRunner(Protocol):
     def new_cache(self) -> int: ...
     def fork_cache(self, key: int) -> int: ...
     def free_cache(self, key: int) -> None: ...
-    def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput: ...
+    def step(
+        self, keys: list[int], chunks: list[list[int]], sampling: list[RowParams] | None = None
+    ) -> StepOutput: ...
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None: ...
     def close(self) -> None: ...
 
@@ -134,6 +140,7 @@ class LocalRunner:
         self.model = model.to(self.device)
         attach_pool(self.model, self.device, kv_pages, page_tokens)
         self.table = CacheTable(self.model, self.device, record_selections)
+        self.sample_vocab = sample_vocab
         self.drafter = (
             Drafter(self.model, speculative_tokens, sample_vocab) if speculative_tokens else None
         )
@@ -141,17 +148,24 @@ class LocalRunner:
         self.graphs: DecodeGraphs | None = None
 
     def enable_decode_graphs(
-        self, max_batch: int, max_context: int, at_start: bool = False
+        self,
+        max_batch: int,
+        max_context: int,
+        at_start: bool = False,
+        candidates: int | None = None,
     ) -> None:
         """Run decode-only steps through `DecodeGraphs` (captured on CUDA; on the CPU the
         same fixed-shape step runs eagerly, as the tests use it). Needs the paged cache.
-        `at_start`: build every graph now rather than on first use."""
+        `at_start`: build every graph now rather than on first use. `candidates` (the
+        engine's candidate cap): the graphs also sample (`sampler.sample_rows`), so a
+        decode step given `sampling` rows returns its tokens after one host copy."""
         if self.model.page_pool is None:
             raise ValueError("decode graphs need the paged KV cache (kv_pages > 0, Triton path)")
         if self.drafter is not None:
             raise ValueError("decode graphs and speculative decoding exclude each other")
         capture = self.device.type == "cuda"
-        self.graphs = DecodeGraphs(self.model, max_batch, max_context, capture)
+        sampler = (candidates, self.sample_vocab) if candidates is not None else None
+        self.graphs = DecodeGraphs(self.model, max_batch, max_context, capture, sampler)
         if at_start:
             self.graphs.capture_all()
 
@@ -173,13 +187,31 @@ class LocalRunner:
         if self.drafter is not None:
             self.drafter.free(key)
 
-    def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
-        if self.graphs is not None and all(len(c) == 1 for c in chunks):
-            caches = [self.table.caches[k] for k in keys]
-            if self.graphs.fits(caches):  # type: ignore[arg-type]
-                last, graph_routes = self.graphs.run([c[0] for c in chunks], caches)  # type: ignore[arg-type]
-                rows = [last[i : i + 1] for i in range(last.shape[0])]
-                return StepOutput(last, routes_to_cpu(graph_routes), rows)
+    def launch(
+        self, keys: list[int], chunks: list[list[int]], sampling: list[RowParams] | None = None
+    ) -> Callable[[], StepOutput] | None:
+        """Start a decode step that a decode graph serves and return what waits for its
+        output (`step` = launch, then wait); None when the step is not one (run `step`)."""
+        if self.graphs is None or not all(len(c) == 1 for c in chunks):
+            return None
+        caches = [self.table.caches[k] for k in keys]
+        if not self.graphs.fits(caches):  # type: ignore[arg-type]
+            return None
+        graphs = self.graphs
+        launched = graphs.launch([c[0] for c in chunks], caches, sampling)  # type: ignore[arg-type]
+
+        def collect() -> StepOutput:
+            last, routes, sampled = graphs.collect(launched)
+            return StepOutput(last, routes, None, sampled)
+
+        return collect
+
+    def step(
+        self, keys: list[int], chunks: list[list[int]], sampling: list[RowParams] | None = None
+    ) -> StepOutput:
+        collect = self.launch(keys, chunks, sampling)
+        if collect is not None:
+            return collect()
         if self.drafter is not None:
             self._before = {k: snapshot(self.table.caches[k]) for k in keys}  # type: ignore[arg-type]
         logits, hidden, routes = self.table.forward_hidden(keys, chunks, record=True)

@@ -61,6 +61,7 @@ def make_runner(
                 engine_cfg.max_running,
                 engine_cfg.max_context_tokens,
                 at_start=engine_cfg.cuda_graph_capture == "start",
+                candidates=engine_cfg.candidate_cap,
             )
         return runner
     return TP_BACKENDS[engine_cfg.tp_backend](cfg, state, engine_cfg.tp, engine_cfg.kv_pages())

@@ -75,68 +75,127 @@ class RowParams:
     rng: torch.Generator | None = None
 
 
+@dataclass(frozen=True)
+class RowTensors:
+    """The per-row sampling parameters of a batch as tensors on the logits' device."""
+
+    temps: Tensor  # (B,) fp32
+    top_k: Tensor  # (B,) int64, 0: off
+    top_p: Tensor  # (B,) fp64
+    caps: Tensor  # (B,) int64
+    u: Tensor  # (B,) fp64: each row's uniform draw
+
+
+@dataclass(frozen=True)
+class SampleOut:
+    """A batch's draws, on the device (no host sync until they are read)."""
+
+    tokens: Tensor  # (B,) int64
+    logprob: Tensor  # (B,) fp32
+    capped: Tensor  # (B,) bool
+    count: Tensor  # (B,) int64: candidates per row
+    cand: Tensor  # (B, C) int64, -1 padded
+
+    def packed(self, n: int) -> Tensor:
+        """The first n rows as one (n, 4 + C) fp64 device tensor (token, log-prob, capped,
+        count, candidates): what one copy brings to the host for `unpack`."""
+        head = torch.stack(
+            [self.tokens, self.logprob.double(), self.capped.double(), self.count], -1
+        )
+        return torch.cat([head.double()[:n], self.cand[:n].double()], dim=1)
+
+    @staticmethod
+    def unpack(host: Tensor) -> list[SampledToken]:
+        out = []
+        for token, lp, cut, count, *cand in host.tolist():
+            assert math.isfinite(lp), "a sampled token always lies in its candidate set"
+            ids = [int(c) for c in cand[: int(count)]]
+            out.append(SampledToken(int(token), float(lp), ids, bool(cut)))
+        return out
+
+    def to_host(self, n: int) -> list[SampledToken]:
+        """The first n rows as `SampledToken`s: one device -> host copy."""
+        return self.unpack(self.packed(n).cpu())
+
+
+def draw_uniforms(rows: list[RowParams]) -> list[float]:
+    """One uniform per row from the row's own generator (one per sampled token)."""
+    return [float(torch.rand((), generator=r.rng, dtype=torch.float64)) for r in rows]  # type: ignore[arg-type]
+
+
+def row_tensors(rows: list[RowParams], u: list[float], device: torch.device) -> RowTensors:
+    return RowTensors(
+        torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=device),
+        torch.tensor([r.params.top_k for r in rows], device=device),
+        torch.tensor([r.params.top_p for r in rows], dtype=torch.float64, device=device),
+        torch.tensor([r.cap for r in rows], device=device),
+        torch.tensor(u, dtype=torch.float64, device=device),
+    )
+
+
 def sample_batch(
     logits: Tensor, rows: list[RowParams], sample_vocab: int | None = None
 ) -> list[SampledToken]:
     """Draw one token per row of fp32 logits (B, V) (see module doc); one host copy."""
-    b, v = logits.shape
-    dev = logits.device
-    temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype, device=dev)
-    z = logits / temps[:, None]
+    v = logits.shape[1]
+    params = row_tensors(rows, draw_uniforms(rows), logits.device)
+    width = min(max(r.cap for r in rows), v)
+    # a nucleus is measured over the whole sorted row (it can be wider than any cap)
+    head = v if any(r.params.top_p < 1.0 for r in rows) else width
+    return sample_rows(logits, params, width, head, sample_vocab).to_host(len(rows))
+
+
+def sample_rows(
+    logits: Tensor, p: RowTensors, width: int, head: int, sample_vocab: int | None
+) -> SampleOut:
+    """The device work of `sample_batch`, without a host sync (a CUDA graph can hold it).
+
+    `width`: candidate columns (>= every row's cap); `head`: sorted columns a nucleus is
+    measured over (the whole row when a row has top_p < 1; any larger value gives the
+    same result)."""
+    v = logits.shape[1]
+    z = logits / p.temps[:, None]
     if sample_vocab is not None and sample_vocab < v:
         # Padding ids of the model's vocabulary are never sampled (no text behind them).
         z = z.clone()
         z[:, sample_vocab:] = float("-inf")
-    cand, capped = candidate_sets(z, rows)  # (B, C) padded with -1
+    cand, capped = _candidates(z, p, width, head)  # (B, C) padded with -1
     mask = candidate_mask(cand, v)
     restricted = kernels.log_softmax(z.masked_fill(~mask, float("-inf")))
     probs = restricted.gather(-1, cand.clamp_min(0)).double().exp().masked_fill(cand < 0, 0.0)
     cdf = torch.cumsum(probs, -1)
-    u = torch.tensor(
-        [float(torch.rand((), generator=r.rng, dtype=torch.float64)) for r in rows],  # type: ignore[arg-type]
-        dtype=torch.float64,
-        device=dev,
-    )
     count = (cand >= 0).sum(-1)
-    pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1)
+    pick = torch.searchsorted(cdf, (p.u * cdf[:, -1])[:, None]).squeeze(-1)
     pick = torch.minimum(pick, count - 1)
     tokens = cand.gather(-1, pick[:, None]).squeeze(-1)
     logprob = token_log_probs(z, tokens, cand)
-    host = torch.stack(
-        [tokens.double(), logprob.double(), capped.double(), count.double()], -1
-    ).cpu()
-    cand_host = cand.cpu()
-    out = []
-    for i in range(b):
-        token, lp, cut, n = host[i].tolist()
-        assert math.isfinite(lp), "a sampled token always lies in its candidate set"
-        out.append(SampledToken(int(token), float(lp), cand_host[i, : int(n)].tolist(), bool(cut)))
-    return out
+    return SampleOut(tokens, logprob, capped, count, cand)
 
 
 def candidate_sets(z: Tensor, rows: list[RowParams]) -> tuple[Tensor, Tensor]:
     """Per row of z (B, V): candidate ids by descending probability, cut by top-k, top-p
     and the row's cap, padded with -1 to the widest cap; and whether the cap cut the set."""
+    v = z.shape[-1]
+    width = min(max(r.cap for r in rows), v)
+    head = v if any(r.params.top_p < 1.0 for r in rows) else width
+    return _candidates(z, row_tensors(rows, [0.0] * len(rows), z.device), width, head)
+
+
+def _candidates(z: Tensor, p: RowTensors, width: int, head: int) -> tuple[Tensor, Tensor]:
     dev = z.device
     logp = kernels.log_softmax(z)
     order = torch.sort(logp, dim=-1, descending=True, stable=True).indices
     n = torch.isfinite(z).sum(-1)  # ids masked to -inf are never candidates
-    top_k = torch.tensor([r.params.top_k for r in rows], device=dev)
-    n = torch.where(top_k > 0, torch.minimum(top_k, n), n)
-    top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float64, device=dev)
-    width = min(max(r.cap for r in rows), z.shape[-1])
-    # a nucleus is measured over the whole sorted row (it can be wider than any cap)
-    head = z.shape[-1] if any(r.params.top_p < 1.0 for r in rows) else width
+    n = torch.where(p.top_k > 0, torch.minimum(p.top_k, n), n)
     probs = logp.gather(-1, order[:, :head]).double().exp()
     mass_before = torch.cumsum(probs, -1) - probs
     inside = torch.arange(head, device=dev)[None, :] < n[:, None]
-    n_p = ((mass_before < top_p[:, None]) & inside).sum(-1).clamp_min(1)
-    n = torch.where(top_p < 1.0, torch.minimum(n_p, n), n)
-    cap = torch.tensor([r.cap for r in rows], device=dev)
-    keep = torch.minimum(n, cap)
+    n_p = ((mass_before < p.top_p[:, None]) & inside).sum(-1).clamp_min(1)
+    n = torch.where(p.top_p < 1.0, torch.minimum(n_p, n), n)
+    keep = torch.minimum(n, p.caps)
     ids = order[:, :width]
     cols = torch.arange(ids.shape[1], device=dev)[None, :]
-    return torch.where(cols < keep[:, None], ids, -1), n > cap
+    return torch.where(cols < keep[:, None], ids, -1), n > p.caps
 
 
 def candidate_set(z: Tensor, top_k: int, top_p: float, cap: int) -> tuple[Tensor, bool]:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.route_log import RouteLog
+from rlsys.engine.sampler import SampledToken
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Sequence:
     fed_drafts: list[int] = field(default_factory=list)
     spec_rows: int = 0
     verify_logits: Tensor | None = None
+    presampled: SampledToken | None = None  # drawn by the step on the device (decode graphs)
     result: GenerationResult = field(init=False)
 
     def __post_init__(self) -> None:

@@ -189,7 +189,8 @@ class DistTPRunner:
     def free_cache(self, key: int) -> None:
         self._all("free", key)
 
-    def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
+    def step(self, keys: list[int], chunks: list[list[int]], sampling: object = None) -> StepOutput:
+        del sampling  # the core samples (only `LocalRunner`'s decode graphs draw themselves)
         last, routes = self._all("step", (keys, chunks))[0]
         return StepOutput(last.to(self.device), routes)
 

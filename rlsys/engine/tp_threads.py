@@ -62,7 +62,8 @@ class ThreadedTPRunner:
         for table in self.tables:
             table.free(key)
 
-    def step(self, keys: list[int], chunks: list[list[int]]) -> StepOutput:
+    def step(self, keys: list[int], chunks: list[list[int]], sampling: object = None) -> StepOutput:
+        del sampling  # the core samples (only `LocalRunner`'s decode graphs draw themselves)
         futures = [self.pool.submit(self._rank_step, r, keys, chunks) for r in range(self.degree)]
         outs, errors = [], []
         for future in futures:

@@ -3,6 +3,10 @@
 Tensor legend: N packed token rows, H query heads, G = H / n_kv_groups heads per KV group,
 Hkv KV groups, D head dim. Invariant: every projection is `kernels.linear` (row-invariant),
 so a token's q/k/v/gate do not depend on the other rows in the packed batch.
+q, k, v and the gate come from ONE product over the concatenated weights in every path
+(`fused_product`: the same shape in training and inference, so a column is the same
+whichever implementation the linear picks for that shape); at inference on the engine's
+page pool its epilogue is one kernel (`project_into_pools`, `triton_ops.qkv_post`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from rlsys import kernels
 from rlsys.config.model import ModelConfig
+from rlsys.kernels import fused
 from rlsys.kernels.tp import RowParallel
-from rlsys.model.rope import apply_rope
+from rlsys.model.fused_weights import FusedWeight, fused_partials, fused_product
+from rlsys.model.rope import apply_rope, inv_freq
+
+FUSED_ALIGN = 64  # fused parts start on a multiple of the linear's column tile
 
 
 @dataclass(frozen=True)
@@ -53,26 +60,76 @@ class AttentionProjections(nn.Module):
         # projection, and which columns of its heads' output feed it (None: all).
         self.row_parallel = RowParallel()
         self.out_cols: tuple[int, int] | None = None
+        self._fused = FusedWeight(FUSED_ALIGN)
 
-    def qkv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Rotated q (N, H, D), k (N, Hkv, D) and v (N, Hkv, D)."""
+    def product(self, x: Tensor) -> tuple[Tensor, list[int]]:
+        """`x @ [wq; wk; wv; wgate].T` in one product (N, Ntot), and each part's first
+        column (`fused_product`)."""
+        return fused_product(x, [self.wq, self.wk, self.wv, self.wgate], self._fused)
+
+    def refresh_fused(self) -> None:
+        """Bring the cached inference weight up to date (before a CUDA-graph replay)."""
+        self._fused.refresh([self.wq, self.wk, self.wv, self.wgate])
+
+    def qkv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Rotated q (N, H, D), k (N, Hkv, D), v (N, Hkv, D) and the output gate (N, H) in
+        the compute dtype."""
         cfg = self.cfg
-        n = x.shape[0]
-        q = kernels.linear(x, self.wq).view(n, cfg.n_heads, cfg.head_dim)
-        k = kernels.linear(x, self.wk).view(n, cfg.n_kv_groups, cfg.head_dim)
-        v = kernels.linear(x, self.wv).view(n, cfg.n_kv_groups, cfg.head_dim)
-        return apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta), v
+        n, hd = x.shape[0], cfg.head_dim
+        y, (oq, ok, ov, og) = self.product(x)
+        q = y[:, oq : oq + cfg.n_heads * hd].reshape(n, cfg.n_heads, hd)
+        k = y[:, ok : ok + cfg.n_kv_groups * hd].reshape(n, cfg.n_kv_groups, hd)
+        # contiguous: the attention kernels read v with k's strides
+        v = y[:, ov : ov + cfg.n_kv_groups * hd].reshape(n, cfg.n_kv_groups, hd).contiguous()
+        gate = fused.sigmoid(y[:, og : og + cfg.n_heads]).to(y.dtype)
+        rot_q, rot_k = (
+            apply_rope(q, positions, cfg.rope_theta),
+            apply_rope(k, positions, cfg.rope_theta),
+        )
+        return rot_q, rot_k, v, gate
 
-    def gated_output(self, x: Tensor, attn: Tensor) -> Tensor:
-        """Scale each head by sigmoid(x . w_gate_h), then project: (N, H, D) -> (N, d) fp32.
+    def project_into_pools(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        k_pool: Tensor,
+        v_pool: Tensor,
+        kv_rows: Tensor,
+        index: Any = None,
+        block: int = 1,
+    ) -> tuple[Tensor, Tensor]:
+        """Inference: `qkv`'s values in two launches, the product and its epilogue
+        (`triton_ops.qkv_post`), which writes k/v (and `index`'s keys) into pool rows
+        `kv_rows`; returns (rotated q (N, H, D), gate (N, H)), bitwise `qkv`'s."""
+        from rlsys.kernels.triton_ops.qkv_post import qkv_post
+
+        y, offsets = fused_partials(x, [self.wq, self.wk, self.wv, self.wgate], self._fused)
+        freqs = inv_freq(self.cfg.head_dim, self.cfg.rope_theta, x.device)
+        return qkv_post(
+            y, offsets, positions, kv_rows, freqs, k_pool, v_pool, self.cfg.n_heads, block, index
+        )
+
+    def gated_output(self, gate: Tensor, attn: Tensor) -> Tensor:
+        """Scale each head by its gate (sigmoid(x . w_gate_h), from `qkv`), then project:
+        (N, H, D) -> (N, d) fp32.
 
         The projection reduces over heads x head_dim, which TP splits: it always runs as the
         fixed 8-chunk tree (`kernels.tp`), at TP=1 too, so every degree gets the same bits.
         """
-        gate = kernels.sigmoid(kernels.linear(x, self.wgate)).to(attn.dtype)
-        mixed = (attn * gate.unsqueeze(-1)).reshape(attn.shape[0], -1)
+        return self.output(attn * gate.unsqueeze(-1))
+
+    def output(self, gated: Tensor) -> Tensor | Any:
+        """The output projection of gated heads (N, H, D) -> (N, d) fp32. At inference on
+        one rank: its unreduced chunk products (`triton_ops.partials`), which the block's
+        residual add and norm sum (one launch fewer, the same value)."""
+        mixed = gated.reshape(gated.shape[0], -1)
         if self.out_cols is not None:
             mixed = mixed[:, self.out_cols[0] : self.out_cols[1]]
+        if self.row_parallel.degree == 1 and fused.partials_ok(mixed):
+            from rlsys.kernels.triton_ops.partials import partial_products, triton_computes
+
+            if triton_computes("row_tree", self.wo):
+                return partial_products(mixed, self.wo, self.row_parallel.chunks)
         return self.row_parallel.linear(mixed, self.wo)
 
 

@@ -2,7 +2,8 @@
 
 Invariant (fp32 residual stream): `h` enters and leaves in fp32, and so does its gradient;
 only the branch inputs are cast to the compute dtype, and branch outputs are added in fp32.
-The gradient clamp sits on the block output.
+The gradient clamp sits on the block output. The norms, the residual adds and the casts
+run fused at inference (`rlsys.kernels.fused`), bitwise the unfused training forward.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from rlsys.config.model import LayerKind, ModelConfig
+from rlsys.kernels import fused
 from rlsys.model.attention import SeqSpan
 from rlsys.model.aux import AuxLosses
 from rlsys.model.cache import LayerCache
@@ -56,8 +58,10 @@ class Block(nn.Module):
         routing: Routing | None = None,
         aux: AuxLosses | None = None,
     ) -> Tensor:
-        a = self.attn(self.attn_norm(h).to(self.dtype), positions, spans, caches, aux, routing)
-        h = h + a.float()
-        x = self.ffn_norm(h).to(self.dtype)
-        f = self.ffn(x, routing, aux) if isinstance(self.ffn, MoE) else self.ffn(x)
-        return self.clamp(h + f.float())
+        an, fn = self.attn_norm, self.ffn_norm
+        x = fused.rms_norm_to(h, an.gamma, an.eps, self.dtype)
+        a = self.attn(x, positions, spans, caches, aux, routing)
+        h, x = fused.add_rms_norm_to(h, a, fn.gamma, fn.eps, self.dtype)
+        if isinstance(self.ffn, MoE):  # the MoE adds its output to the residual itself
+            return self.clamp(self.ffn(x, routing, aux, residual=h))
+        return self.clamp(h + self.ffn(x).float())

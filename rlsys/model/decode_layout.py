@@ -71,6 +71,7 @@ class StaticDecodeLayout:
             swa_rows,
             block_token_rows,
             block_rows,
+            blocks_by_row=True,
         )
         self.kv = TritonKV(geo, tiles, paged=layout)
 
@@ -79,18 +80,20 @@ class StaticDecodeLayout:
         n, bsz, mp = len(tokens), self.batch, self.pages
         assert n <= bsz and len(caches) == n  # n = 0: padding only (warm-up and capture)
         p, k, geo_t = self.pool.page_size, self.cfg.sparse_block, self.kv.geo.query_tile
-        pos = torch.zeros(bsz, dtype=torch.int64)
-        sparse_tab = torch.full((bsz, mp), self.scratch_sparse, dtype=torch.int64)
-        swa_tab = torch.full((bsz, mp), self.scratch_swa, dtype=torch.int64)
-        for i, cache in enumerate(caches):
+        lengths, sparse_rows, swa_rows = [], [], []
+        sp_pad, sw_pad = [self.scratch_sparse] * mp, [self.scratch_swa] * mp
+        for cache in caches:  # host lists, one tensor each: per-row tensors cost ~10x more
             assert cache.length <= self.max_pos, "the sequence outgrew this graph's bucket"
             self.pool.reserve(cache, cache.length + 1)
-            pos[i] = cache.length
-            if self.pool.sparse_k:
-                sparse_tab[i, : len(cache.sparse_pages)] = torch.tensor(cache.sparse_pages)
-            if self.pool.swa_k:
-                swa = [x if x is not None else 0 for x in cache.swa_pages]
-                swa_tab[i, : len(swa)] = torch.tensor(swa)
+            lengths.append(cache.length)
+            sp = cache.sparse_pages if self.pool.sparse_k else []
+            sparse_rows.append(sp + sp_pad[len(sp) :])
+            sw = [x if x is not None else 0 for x in cache.swa_pages] if self.pool.swa_k else []
+            swa_rows.append(sw + sw_pad[len(sw) :])
+        pad = bsz - n
+        pos = torch.tensor(lengths + [0] * pad, dtype=torch.int64)
+        sparse_tab = torch.tensor(sparse_rows + [sp_pad] * pad, dtype=torch.int64)
+        swa_tab = torch.tensor(swa_rows + [sw_pad] * pad, dtype=torch.int64)
         page = pos // p
         sp_page = sparse_tab.gather(1, page[:, None])[:, 0]
         sw_page = swa_tab.gather(1, page[:, None])[:, 0]

@@ -64,6 +64,9 @@ class PagedLayout:
     swa_rows: Tensor
     block_token_rows: Tensor  # (n_done, B) index-key rows of blocks completed by this call
     block_rows: Tensor  # (n_done,) their block-key rows
+    # one entry per query row (a decode step's fixed layout: rows that complete no block
+    # address a scratch block), so the projection epilogue can merge the keys itself
+    blocks_by_row: bool = False
 
 
 @dataclass

@@ -6,6 +6,9 @@ Invariants:
   selection bias (aux-loss-free balancing) changes which experts are chosen, never a gate.
 - Expert outputs are combined by `kernels.moe_combine` in top-k slot order, so a token's
   output does not depend on which other tokens were routed with it.
+- Inference on the Triton path routes, lays rows out by expert and combines (with the
+  residual add) in kernels without a sort (`triton_ops.moe_route`); each value is bitwise
+  the unfused path's, which training runs (and the same selection kernel decides there).
 - A `RoutingReplay` replaces the router's choice; with gates it reproduces the recorded
   forward bitwise, without gates the router recomputes them and keeps its gradient.
 - Routed experts are stacked weights (w1/w3 (E, H, d), w2 (E, d, H)). On the reference
@@ -21,6 +24,7 @@ from torch import Tensor, nn
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
+from rlsys.kernels import fused
 from rlsys.kernels.dispatch import use_triton
 from rlsys.kernels.tp import RowParallel
 from rlsys.model.attention import init_weight
@@ -79,11 +83,18 @@ class MoE(nn.Module):
         self.row_parallel = RowParallel()
 
     def forward(
-        self, x: Tensor, routing: Routing | None = None, aux: AuxLosses | None = None
+        self,
+        x: Tensor,
+        routing: Routing | None = None,
+        aux: AuxLosses | None = None,
+        residual: Tensor | None = None,
     ) -> Tensor:
-        """x (N, d) in compute dtype -> (N, d) fp32."""
-        scores = kernels.sigmoid(kernels.linear(x, self.router))  # (N, E) fp32
-        idx, gates = self._route(scores, routing)
+        """x (N, d) in compute dtype -> (N, d) fp32; plus `residual` (N, d) fp32 if given."""
+        if residual is not None and self._fusable(x, routing):
+            return self._forward_fused(x, routing, residual)
+        raw = kernels.linear(x, self.router)  # (N, E) fp32
+        scores = fused.sigmoid(raw)
+        idx, gates = self._route(scores, raw, routing)
         counts = _expert_counts(idx, self.cfg.n_experts)
         if self.training:
             self.expert_load += counts
@@ -95,7 +106,58 @@ class MoE(nn.Module):
         expert_out = self._run_experts(x, idx, counts)
         shared = self.shared.partial(x) if self.shared is not None else None
         expert_out, shared = self._reduce(expert_out, shared)
-        return kernels.moe_combine(expert_out, gates, shared)
+        out = kernels.moe_combine(expert_out, gates, shared)
+        return out if residual is None else residual + out
+
+    def _fusable(self, x: Tensor, routing: Routing | None) -> bool:
+        from rlsys.kernels.triton_ops.moe_route import RANK_MAX
+
+        return (
+            fused.fusable(x, self.router)
+            and not self.training
+            and not isinstance(routing, RoutingReplay)
+            and self.row_parallel.degree == 1
+            and self.cfg.n_experts <= RANK_MAX
+        )
+
+    def _forward_fused(self, x: Tensor, routing: Routing | None, residual: Tensor) -> Tensor:
+        """Inference: routing, expert layout and combine as kernels without a sort
+        (`triton_ops.moe_route`); the products as the linear dispatcher computes them in
+        training, the router's and the down projections' chunk products summed by the
+        kernels that read them where the dispatcher runs them on the Triton kernels
+        (`triton_ops.partials`); bitwise the unfused path's values."""
+        from rlsys.kernels.triton_ops import moe_route as mr
+        from rlsys.kernels.triton_ops.linear import BM, column_chunks
+        from rlsys.kernels.triton_ops.partials import partial_products, triton_computes
+        from rlsys.kernels.triton_ops.products import products
+
+        cfg, k = self.cfg, self.cfg.experts_per_token
+        partials = fused.partials_ok(x)
+        if partials and triton_computes("column", self.router):
+            raw = partial_products(x, self.router, column_chunks(x.shape[1]))
+        else:
+            raw = kernels.linear(x, self.router)
+        idx, gates = mr.route_fwd(raw, self.expert_bias, k)
+        if isinstance(routing, RoutingRecorder):
+            routing.add(self.layer, idx, gates)
+        max_tiles = -(-idx.numel() // BM) + cfg.n_experts
+        pos, order, offsets, tiles = mr.expert_layout(idx, cfg.n_experts, max_tiles, BM)
+        xs = mr.gather_rows(x, order, k)
+        hidden = products().grouped_swiglu(xs, self.w1, self.w3, offsets, tiles)
+        chunks = self.row_parallel.chunks
+        if partials and triton_computes("grouped_tree", self.w2):
+            ys = partial_products(hidden, self.w2, chunks, tiles)
+        else:
+            ys = products().grouped_tree(hidden, self.w2, offsets, tiles, chunks)
+        shared = None
+        if self.shared is not None:  # `SwiGLU.partial`, its down projection's chunks unreduced
+            sw = self.shared
+            shared = swiglu_hidden(x, sw.w1, sw.w3)
+            if partials and triton_computes("row_tree", sw.w2):
+                shared = partial_products(shared, sw.w2, sw.row_parallel.chunks)
+            else:
+                shared = sw.row_parallel.partial(shared, sw.w2)
+        return mr.combine_fwd(residual, ys, pos, gates, shared)
 
     def _reduce(self, expert_out: Tensor, shared: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Combine TP ranks' subtotals (routed and shared experts in one gather)."""
@@ -106,13 +168,13 @@ class MoE(nn.Module):
         full = self.row_parallel.reduce(torch.cat(parts, dim=-1))
         return full[:, : k * d].view(n, k, d), (full[:, k * d :] if shared is not None else None)
 
-    def _route(self, scores: Tensor, routing: Routing | None) -> tuple[Tensor, Tensor]:
+    def _route(self, scores: Tensor, raw: Tensor, routing: Routing | None) -> tuple[Tensor, Tensor]:
         if isinstance(routing, RoutingReplay) and routing.experts:
             idx, gates = routing.lookup(self.layer)
             idx = idx.to(scores.device)
             if routing.rows is not None:  # rows without a record: the router's own choice
                 rows = routing.rows.to(scores.device).unsqueeze(-1)
-                own = self._select(scores)
+                own = self._select(scores, raw)
                 idx = torch.where(rows, idx, own)
                 if gates is not None:
                     own_gates = kernels.normalize_rows(scores.gather(-1, own))
@@ -120,14 +182,23 @@ class MoE(nn.Module):
             if gates is None:
                 gates = kernels.normalize_rows(scores.gather(-1, idx))
             return idx, gates.to(scores.device)
-        idx = self._select(scores)
+        idx = self._select(scores, raw)
         gates = kernels.normalize_rows(scores.gather(-1, idx))
         if isinstance(routing, RoutingRecorder):
             routing.add(self.layer, idx, gates)
         return idx, gates
 
-    def _select(self, scores: Tensor) -> Tensor:
-        """Top-k experts by biased score (the bias picks experts, never weighs them)."""
+    def _select(self, scores: Tensor, raw: Tensor) -> Tensor:
+        """Top-k experts by biased score (the bias picks experts, never weighs them).
+
+        On the Triton path the selection kernel decides (ties to the lower expert id), the
+        one the fused inference path runs, so training and inference select alike."""
+        if use_triton(raw):
+            from rlsys.kernels.triton_ops.moe_route import RANK_MAX, route_fwd
+
+            if self.cfg.n_experts <= RANK_MAX:
+                k = self.cfg.experts_per_token
+                return route_fwd(raw.detach(), self.expert_bias, k)[0]
         biased = scores.detach() + self.expert_bias
         return biased.topk(self.cfg.experts_per_token, dim=-1).indices
 

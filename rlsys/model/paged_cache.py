@@ -62,6 +62,7 @@ class PagedSeqCache:
     length: int = 0
     sparse_pages: list[int] = field(default_factory=list)
     swa_pages: list[int | None] = field(default_factory=list)
+    swa_released: int = 0  # SWA pages [0, swa_released) are released (None)
 
 
 class PagePool:
@@ -111,15 +112,18 @@ class PagePool:
     def trim_window(self, cache: PagedSeqCache) -> None:
         """Release SWA pages whose positions are all out of every future query's window."""
         keep_from = max(cache.length - self.cfg.swa_window, 0) // self.page_size
-        for p in range(keep_from):
+        for p in range(cache.swa_released, keep_from):  # only pages not released yet
             page = cache.swa_pages[p]
             if page is not None:
                 self.swa_alloc.release(page)
                 cache.swa_pages[p] = None
+        cache.swa_released = max(cache.swa_released, keep_from)
 
     def fork(self, cache: PagedSeqCache) -> PagedSeqCache:
         """A snapshot sharing full pages; the partial last page is copied."""
-        new = PagedSeqCache(cache.length, list(cache.sparse_pages), list(cache.swa_pages))
+        new = PagedSeqCache(
+            cache.length, list(cache.sparse_pages), list(cache.swa_pages), cache.swa_released
+        )
         for page in new.sparse_pages:
             self.sparse_alloc.share(page)
         for page in new.swa_pages:
@@ -140,6 +144,7 @@ class PagePool:
             if page is not None:
                 self.swa_alloc.release(page)
         cache.sparse_pages, cache.swa_pages, cache.length = [], [], 0
+        cache.swa_released = 0
 
     # ---- copies ------------------------------------------------------------------------------
 

@@ -29,13 +29,32 @@ class _TritonRope(torch.autograd.Function):
         return rope_fwd(g.contiguous(), positions, -inv_freq), None, None  # rotate back
 
 
+_INV_FREQ: dict[tuple[int, float, torch.device], Tensor] = {}
+
+
+def inv_freq(d: int, theta: float, device: torch.device) -> Tensor:
+    """`theta ** (-arange(0, d, 2) / d)` (D/2,) fp32, computed once per (d, theta, device).
+
+    Why cached: computing it is four launches per call (two calls per attention layer);
+    a decode step captured as a CUDA graph also needs it to exist before the capture,
+    which the engine's eager warm-up forward guarantees. The values are those of the
+    same torch expression on that device, whichever call computed them."""
+    key = (d, float(theta), device)
+    table = _INV_FREQ.get(key)
+    if table is None:
+        with torch.inference_mode(False), torch.no_grad():
+            table = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=device) / d)
+        _INV_FREQ[key] = table
+    return table
+
+
 def apply_rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     """Rotate x (N, H, D) by positions (N,) (rotate-half convention); returns x's dtype."""
     d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    inv_freq_h = inv_freq(d, theta, x.device)
     if use_triton(x):
-        return _TritonRope.apply(x, positions, inv_freq)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, D/2)
+        return _TritonRope.apply(x, positions, inv_freq_h)
+    angles = positions.to(torch.float32)[:, None] * inv_freq_h[None, :]  # (N, D/2)
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
     x32 = x.float()
     x1, x2 = x32[..., : d // 2], x32[..., d // 2 :]

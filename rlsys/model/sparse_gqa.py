@@ -32,7 +32,9 @@ from torch import Tensor, nn
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
+from rlsys.kernels import fused
 from rlsys.model.attention import (
+    FUSED_ALIGN,
     AttentionProjections,
     SeqSpan,
     checkpointed,
@@ -42,6 +44,7 @@ from rlsys.model.attention import (
 )
 from rlsys.model.aux import AuxLosses
 from rlsys.model.cache import SparseKVCache
+from rlsys.model.fused_weights import FusedWeight, fused_partials, fused_product
 from rlsys.model.kv_layout import TritonKV
 from rlsys.model.rope import apply_rope
 from rlsys.model.routing import Routing, RoutingRecorder, RoutingReplay, cat_blocks
@@ -59,6 +62,18 @@ class SparseGQA(nn.Module):
         )
         self.w_index_k = init_weight((cfg.index_dim, cfg.d_model), cfg.init_std, dtype)
         self.kind_index = 0  # among the model's Sparse GQA layers (its pools in a PagePool)
+        self._fused_index = FusedWeight(FUSED_ALIGN)
+
+    def index_product(self, x: Tensor) -> tuple[Tensor, list[int]]:
+        """`x @ [w_index_q; w_index_k].T` (N, Ni), one product, and each part's first
+        column. The indexer reads a detached input: its KL trains the index weights only
+        (as in DSA), never the backbone; selection itself is discrete and passes no gradient."""
+        return fused_product(x.detach(), [self.w_index_q, self.w_index_k], self._fused_index)
+
+    def refresh_fused(self) -> None:
+        """Bring the cached fused weights up to date (before a CUDA-graph replay)."""
+        self.proj.refresh_fused()
+        self._fused_index.refresh([self.w_index_q, self.w_index_k])
 
     def new_cache(self, dtype: torch.dtype, device: torch.device) -> SparseKVCache:
         cfg = self.cfg
@@ -83,15 +98,27 @@ class SparseGQA(nn.Module):
     ) -> Tensor:
         cfg = self.cfg
         n = x.shape[0]
-        q, k, v = self.proj.qkv(x, positions)
-        # The indexer reads a detached input: its KL trains the index weights only (as in DSA),
-        # never the backbone; selection itself is discrete and passes no gradient.
-        x_index = x.detach()
+        if (
+            isinstance(caches, TritonKV)
+            and caches.paged is not None
+            and fused.fusable(x)
+            and not (isinstance(routing, RoutingReplay | RoutingRecorder) and routing.blocks)
+        ):
+            from rlsys.model.triton_attention import sparse_attention_fused
+
+            yi, offsets = fused_partials(x, [self.w_index_q, self.w_index_k], self._fused_index)
+            gated = sparse_attention_fused(
+                cfg, self.kind_index, self.proj, yi, offsets, x, positions, caches
+            )
+            return self.proj.output(gated)
+        q, k, v, gate = self.proj.qkv(x, positions)
         # Rotary on index queries/keys (keys rotated per position, then merged) lets the
         # indexer learn relative-position preferences such as recency, not content alone.
-        qi = kernels.linear(x_index, self.w_index_q).float().view(n, cfg.n_kv_groups, -1)
+        yi, (oq, ok) = self.index_product(x)
+        hkv, idx = cfg.n_kv_groups, cfg.index_dim
+        qi = yi[:, oq : oq + hkv * idx].float().reshape(n, hkv, idx)
         qi = apply_rope(qi, positions, cfg.rope_theta)
-        ki = kernels.linear(x_index, self.w_index_k).float().view(n, 1, -1)
+        ki = yi[:, ok : ok + idx].float().reshape(n, 1, idx)
         ki = apply_rope(ki, positions, cfg.rope_theta).view(n, -1)
         forced = (
             routing.lookup_blocks(self.kind_index) if isinstance(routing, RoutingReplay) else None
@@ -108,7 +135,7 @@ class SparseGQA(nn.Module):
             )
             if kl is not None and aux is not None:
                 aux.add("indexer_kl", kl)
-            return self.proj.gated_output(x, out)
+            return self.proj.gated_output(gate, out)
         replay_rows = None
         if forced is not None:
             assert isinstance(routing, RoutingReplay)
@@ -127,7 +154,7 @@ class SparseGQA(nn.Module):
         if record:
             assert isinstance(routing, RoutingRecorder)
             routing.add_blocks(self.kind_index, cat_blocks(chosen, dim=0))
-        return self.proj.gated_output(x, torch.cat(outs, dim=0))
+        return self.proj.gated_output(gate, torch.cat(outs, dim=0))
 
     def _attend(
         self,

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
+from rlsys.kernels import fused
 from rlsys.model.attention import (
     AttentionProjections,
     SeqSpan,
@@ -36,6 +37,10 @@ class GatedSlidingWindowAttention(nn.Module):
         self.proj = AttentionProjections(cfg, dtype)
         self.kind_index = 0  # among the model's SWA layers (its pools in a PagePool)
 
+    def refresh_fused(self) -> None:
+        """Bring the cached fused weights up to date (before a CUDA-graph replay)."""
+        self.proj.refresh_fused()
+
     def new_cache(self, dtype: torch.dtype, device: torch.device) -> SlidingKVCache:
         cfg = self.cfg
         empty = torch.zeros(0, cfg.n_kv_groups, cfg.head_dim, dtype=dtype, device=device)
@@ -50,19 +55,24 @@ class GatedSlidingWindowAttention(nn.Module):
         aux: AuxLosses | None = None,
         routing: Routing | None = None,  # unused: a window decides nothing (no replay)
     ) -> Tensor:
-        q, k, v = self.proj.qkv(x, positions)
+        if isinstance(caches, TritonKV) and caches.paged is not None and fused.fusable(x):
+            from rlsys.model.triton_attention import swa_attention_fused
+
+            gated = swa_attention_fused(self.cfg, self.kind_index, self.proj, x, positions, caches)
+            return self.proj.output(gated)
+        q, k, v, gate = self.proj.qkv(x, positions)
         if isinstance(caches, TritonKV):
             from rlsys.model.triton_attention import swa_attention
 
             out = swa_attention(self.cfg, self.kind_index, self.proj.scale, q, k, v, caches)
-            return self.proj.gated_output(x, out)
+            return self.proj.gated_output(gate, out)
         outs = [
             self._attend(
                 q[s.row : s.row + s.n], k[s.row : s.row + s.n], v[s.row : s.row + s.n], s.pos, cache
             )
             for s, cache in zip(spans, caches, strict=True)
         ]
-        return self.proj.gated_output(x, torch.cat(outs, dim=0))
+        return self.proj.gated_output(gate, torch.cat(outs, dim=0))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, pos0: int, cache: SlidingKVCache) -> Tensor:
         cfg = self.cfg

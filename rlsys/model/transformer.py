@@ -73,6 +73,9 @@ class Transformer(nn.Module):
         # Training: recompute each block in the backward instead of keeping its activations
         # (the trainer's `activation_checkpointing`); same gradients, bitwise.
         self.checkpoint_blocks = False
+        # bumped by every load_state_dict: decode graphs refresh their fused weights then
+        self.weights_generation = 0
+        self.register_load_state_dict_post_hook(Transformer._loaded)
 
     # ---- engine: incremental ------------------------------------------------------------
 
@@ -140,6 +143,18 @@ class Transformer(nn.Module):
         the engine can capture it as a CUDA graph; caches are advanced by the layout."""
         spans = [SeqSpan(i, 1, 0) for i in range(tokens.shape[0])]  # unread on the Triton path
         return self.logits(self._trunk(tokens, positions, spans, lambda _: kv, routing, None))
+
+    @staticmethod
+    def _loaded(module: nn.Module, incompatible: object) -> None:
+        assert isinstance(module, Transformer)
+        module.weights_generation += 1
+
+    def refresh_fused(self) -> None:
+        """Bring every fused inference weight up to date with its parameters: a CUDA graph
+        reads the fused buffers it captured, so the engine calls this before a replay
+        (eager forwards check on their own)."""
+        for block in self.blocks:
+            block.attn.refresh_fused()
 
     # ---- trainer: full sequences --------------------------------------------------------
 

@@ -11,6 +11,8 @@ Tensor legend: N rows, H heads, Hkv KV groups, D head dim, IDX index dim, NB blo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
@@ -25,7 +27,10 @@ from rlsys.kernels.triton_ops.attention import (
 )
 from rlsys.kernels.triton_ops.common import dot_precision
 from rlsys.kernels.triton_ops.indexer import Selection, select_blocks, union_steps
-from rlsys.model.kv_layout import PackedLayout, TritonKV
+from rlsys.kernels.triton_ops.qkv_post import IndexOut
+from rlsys.model.attention import AttentionProjections
+from rlsys.model.kv_layout import PackedLayout, PagedLayout, TritonKV
+from rlsys.model.rope import inv_freq
 
 KL_ROWS = 512  # fewest query rows per checkpointed chunk of the indexer KL
 # scores per chunk (rows x groups x blocks, fp32): chunks widen to this many so that short
@@ -49,6 +54,66 @@ def swa_attention(
     k_pool.index_copy_(0, paged.swa_rows, k)
     v_pool.index_copy_(0, paged.swa_rows, v)
     return paged_attention(q, k_pool, v_pool, kv.tiles, paged.swa_kv, shape)
+
+
+def swa_attention_fused(
+    cfg: ModelConfig, layer: int, proj: AttentionProjections, x: Tensor, positions: Tensor,
+    kv: TritonKV,
+) -> Tensor:  # fmt: skip
+    """Inference over the page pool, fused: the projection product and its epilogue (k/v
+    written to the pool), then attention with the output gate in its epilogue; returns the
+    gated heads (N, H, D), bitwise the unfused path's."""
+    paged = kv.paged
+    assert paged is not None
+    k_pool, v_pool = paged.pool.swa_k[layer], paged.pool.swa_v[layer]
+    q, gate = proj.project_into_pools(x, positions, k_pool, v_pool, paged.swa_rows)
+    shape = AttentionShape(proj.scale, kv.geo.swa_step, window=cfg.swa_window)
+    return paged_attention(q, k_pool, v_pool, kv.tiles, paged.swa_kv, shape, gate=gate)
+
+
+def sparse_attention_fused(
+    cfg: ModelConfig, layer: int, proj: AttentionProjections, yi: Any, index_cols: list[int],
+    x: Tensor, positions: Tensor, kv: TritonKV,
+) -> Tensor:  # fmt: skip
+    """`swa_attention_fused` for Sparse GQA: `yi` are the rows of the index product (its
+    index-query and index-key columns at `index_cols`); the epilogue also writes index
+    keys (and, in a decode step, the keys of the blocks its tokens complete)."""
+    paged = kv.paged
+    assert paged is not None
+    pool, b = paged.pool, cfg.sparse_block
+    k_pool, v_pool = pool.sparse_k[layer], pool.sparse_v[layer]
+    bk_pool = pool.block_keys[layer]
+    qi = torch.empty(x.shape[0], cfg.n_kv_groups, cfg.index_dim, device=x.device)
+    by_row = paged.blocks_by_row
+    index = IndexOut(
+        yi,
+        index_cols,
+        qi,
+        pool.index_keys[layer],
+        inv_freq(cfg.index_dim, cfg.rope_theta, x.device),
+        bk_pool if by_row else None,
+        paged.block_token_rows if by_row else None,
+        paged.block_rows if by_row else None,
+    )
+    q, gate = proj.project_into_pools(x, positions, k_pool, v_pool, paged.sparse_rows, index, b)
+    if not by_row:
+        _merge_block_keys(pool.index_keys[layer], bk_pool, paged, b)
+    sel = select_blocks(
+        qi, bk_pool, kv.tiles, paged.bk, topk_blocks=cfg.sparse_selected_blocks, block=b,
+        precision=dot_precision(q.dtype),
+    )  # fmt: skip
+    step_off, step_ids = union_steps(sel, kv.tiles, block=b, step=kv.geo.sparse_step)
+    shape = AttentionShape(
+        proj.scale, kv.geo.sparse_step, sparse=(step_off, step_ids, sel.bits), block=b
+    )
+    return paged_attention(q, k_pool, v_pool, kv.tiles, paged.sparse_kv, shape, gate=gate)
+
+
+def _merge_block_keys(index_keys: Tensor, bk_pool: Tensor, paged: PagedLayout, b: int) -> None:
+    """Block keys of the blocks this call completed: the in-order mean of their B keys."""
+    if paged.block_rows.numel():
+        tok = index_keys[paged.block_token_rows]  # (n_done, B, IDX)
+        bk_pool.index_copy_(0, paged.block_rows, kernels.sequential_sum(tok, dim=1) / b)
 
 
 def sparse_attention(
@@ -78,9 +143,7 @@ def sparse_attention(
         v_pool.index_copy_(0, paged.sparse_rows, v)
         pool.index_keys[layer].index_copy_(0, paged.sparse_rows, ki)
         bk_pool = pool.block_keys[layer]
-        if paged.block_rows.numel():
-            tok = pool.index_keys[layer][paged.block_token_rows]  # (n_done, B, IDX)
-            bk_pool.index_copy_(0, paged.block_rows, kernels.sequential_sum(tok, dim=1) / b)
+        _merge_block_keys(pool.index_keys[layer], bk_pool, paged, b)
         table, bk_table = paged.sparse_kv, paged.bk
     sel = select_blocks(
         qi.detach(),

@@ -36,10 +36,11 @@ def _state(dtype: str) -> tuple[object, dict[str, torch.Tensor]]:
     return cfg, Transformer(cfg).state_dict()
 
 
-def _runner(cfg, state, graphs: bool, at_start: bool = False) -> LocalRunner:  # type: ignore[no-untyped-def]
+def _runner(cfg, state, graphs: bool, at_start: bool = False, sampler: bool = False) -> LocalRunner:  # type: ignore[no-untyped-def]
     runner = LocalRunner(cfg, state, DEV, kv_pages=24, page_tokens=32)
     if graphs:
-        runner.enable_decode_graphs(max_batch=4, max_context=64, at_start=at_start)
+        candidates = 64 if sampler else None
+        runner.enable_decode_graphs(4, 64, at_start=at_start, candidates=candidates)
     return runner
 
 
@@ -60,8 +61,14 @@ def test_graph_decode_steps_are_bitwise_the_eager_steps(dtype: str, capture: str
     keys = {id(r): [r.new_cache() for _ in prompts] for r in (eager, graphs)}
     for r in (eager, graphs):
         r.step(keys[id(r)], prompts)  # prefill (eager in both)
-    # 3 sequences decode (graph batch 4: one padding row), then 1, across blocks and pages
+    # 3 sequences decode (graph batch 4: one padding row), then 1, across blocks and pages;
+    # new weights at step 10 (the graphs' fused weights must follow the in-place load)
+    newer = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+             for k, v in state.items()}  # fmt: skip
     for t in range(22):
+        if t == 10:
+            for r in (eager, graphs):
+                r.load_state_dict(newer)
         live = 3 if t < 14 else 1
         tokens = [[(7 * t + 3 * i) % cfg.vocab_size] for i in range(live)]
         want = eager.step(keys[id(eager)][:live], tokens)
@@ -75,12 +82,15 @@ def test_graph_decode_steps_are_bitwise_the_eager_steps(dtype: str, capture: str
     assert sorted(graphs.graphs.graphs) == (built_at_start or [(1, 64), (4, 64)])
 
 
-def test_engine_generations_with_decode_graphs_match_the_eager_engine() -> None:
+@pytest.mark.parametrize("sampler", [False, True], ids=["host-sampler", "graph-sampler"])
+def test_engine_generations_with_decode_graphs_match_the_eager_engine(sampler: bool) -> None:
+    """With `sampler`, the graphs draw the tokens themselves (one host copy per step): the
+    same tokens and log-probs as the eager engine's sampler."""
     cfg, state = _state("float32")
     ecfg = EngineConfig(max_running=4, max_context_tokens=64, device=DEV, prefix_cache_tokens=256)
     results = {}
     for graphs in (False, True):
-        runner = _runner(cfg, state, graphs)
+        runner = _runner(cfg, state, graphs, sampler=sampler)
         core = EngineCore(cfg, ecfg, runner)
         params = SamplingParams(max_tokens=6, seed=3, top_p=0.9)
         shared = [5, 6, 7, 8, 9, 10, 11]
@@ -93,6 +103,7 @@ def test_engine_generations_with_decode_graphs_match_the_eager_engine() -> None:
         results[graphs] = {r.request_id: r for r in done}
         if graphs:
             assert runner.graphs is not None and runner.graphs.steps > 0
+            assert (runner.graphs.draws > 0) == sampler
     for rid, want in results[False].items():
         got = results[True][rid]
         assert got.token_ids == want.token_ids

@@ -127,7 +127,8 @@ def test_weight_update_mid_generation_matches_plain_decoding(trained) -> None:  
         done: list[GenerationResult] = []
         while core.has_work():
             done += core.step()
-            n = len(core.running[0].result.token_ids) if core.running else 0
+            # tokens generated so far (a result's lists are complete once it is returned)
+            n = core.running[0].num_generated if core.running else 0
             if update_at is None and n >= 12 or update_at is not None and n == update_at:
                 core.update_weights(other.state_dict(), 1)
                 update_at = -1

@@ -1,0 +1,73 @@
+"""Fused forms of the model's glue (norm + cast, residual add + norm, the sigmoid), one
+launch each on the Triton path where the unfused form takes several.
+
+Each function is, on every path, bitwise the unfused expression it replaces, so a caller
+may take either form and engine and trainer still agree:
+- reference path (CPU): the unfused torch expression itself;
+- Triton path with autograd needed (training): the unfused expression over the
+  differentiable kernels (`rlsys.kernels.rms_norm`, the Triton sigmoid with a torch
+  backward);
+- Triton path without autograd (inference, the trainer's no-grad forwards): one fused
+  kernel computing the same values in the same order (`triton_ops.rows`: the norm's
+  reduction is the same kernel, specialised; no FMA contraction in any of them).
+Invariant: importing this module imports torch only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlsys import kernels
+from rlsys.kernels import reference
+from rlsys.kernels.dispatch import use_triton
+
+
+def needs_grad(*tensors: Tensor) -> bool:
+    """Whether autograd will record an op on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def fusable(*tensors: Tensor) -> bool:
+    """Triton path and no autograd: the fused inference kernels may run."""
+    return use_triton(tensors[0]) and not needs_grad(*tensors)
+
+
+def partials_ok(x: Tensor) -> bool:
+    """`fusable`, and the invariant products are in use: a product may then hand its
+    unreduced chunk products to the kernel that consumes it (`triton_ops.partials`).
+    (Benchmarks that swap the products for plain cuBLAS swap this to False.)"""
+    return fusable(x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """fp32 sigmoid; on the Triton path the kernel the fused epilogues share."""
+    if not use_triton(x):
+        return reference.sigmoid(x)
+    from rlsys.kernels.triton_ops.elementwise import Sigmoid
+
+    return Sigmoid.apply(x)
+
+
+def rms_norm_to(x: Tensor, gamma: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
+    """`rms_norm(x, gamma, eps).to(dtype)`."""
+    if not fusable(x, gamma):
+        return kernels.rms_norm(x, gamma, eps).to(dtype)
+    from rlsys.kernels.triton_ops.rows import rms_norm_fwd
+
+    return rms_norm_fwd(x, gamma, eps, dtype)
+
+
+def add_rms_norm_to(
+    h: Tensor, a: Any, gamma: Tensor, eps: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """`(h + a.float(), rms_norm(h + a.float(), gamma, eps).to(dtype))`; on the fused path
+    `a` may also be a product's unreduced chunk products (`triton_ops.partials.Partials`)."""
+    if isinstance(a, Tensor) and not fusable(h, a, gamma):
+        h = h + a.float()
+        return h, kernels.rms_norm(h, gamma, eps).to(dtype)
+    from rlsys.kernels.triton_ops.rows import add_rms_norm_fwd
+
+    return add_rms_norm_fwd(h, a, gamma, eps, dtype)
