@@ -1,6 +1,7 @@
 """Kernels: the one place where the model's reductions are implemented.
 
-The model calls only the names exported here. Each dispatches on its input's device
+The model calls only the names exported here (and their fused inference forms in
+`rlsys.kernels.fused`, bitwise the same values). Each dispatches on its input's device
 (`rlsys.kernels.dispatch`): the batch-invariant Triton kernels (`rlsys.kernels.triton_ops`)
 on CUDA, the plain-torch reference (`rlsys.kernels.reference`) on the CPU. The reference
 is the oracle: tests/kernels checks every Triton kernel against it (through Triton's

@@ -94,7 +94,7 @@ class MoE(nn.Module):
             return self._forward_fused(x, routing, residual)
         raw = kernels.linear(x, self.router)  # (N, E) fp32
         scores = fused.sigmoid(raw)
-        idx, gates = self._route(scores, raw, routing)
+        idx, gates = self._route(scores, routing, raw)
         counts = _expert_counts(idx, self.cfg.n_experts)
         if self.training:
             self.expert_load += counts
@@ -168,7 +168,9 @@ class MoE(nn.Module):
         full = self.row_parallel.reduce(torch.cat(parts, dim=-1))
         return full[:, : k * d].view(n, k, d), (full[:, k * d :] if shared is not None else None)
 
-    def _route(self, scores: Tensor, raw: Tensor, routing: Routing | None) -> tuple[Tensor, Tensor]:
+    def _route(
+        self, scores: Tensor, routing: Routing | None, raw: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         if isinstance(routing, RoutingReplay) and routing.experts:
             idx, gates = routing.lookup(self.layer)
             idx = idx.to(scores.device)
@@ -188,12 +190,13 @@ class MoE(nn.Module):
             routing.add(self.layer, idx, gates)
         return idx, gates
 
-    def _select(self, scores: Tensor, raw: Tensor) -> Tensor:
+    def _select(self, scores: Tensor, raw: Tensor | None = None) -> Tensor:
         """Top-k experts by biased score (the bias picks experts, never weighs them).
 
-        On the Triton path the selection kernel decides (ties to the lower expert id), the
-        one the fused inference path runs, so training and inference select alike."""
-        if use_triton(raw):
+        On the Triton path, given the router logits `raw` (scores = their sigmoid), the
+        selection kernel decides (ties to the lower expert id), the one the fused inference
+        path runs, so training and inference select alike."""
+        if raw is not None and use_triton(raw):
             from rlsys.kernels.triton_ops.moe_route import RANK_MAX, route_fwd
 
             if self.cfg.n_experts <= RANK_MAX:
