@@ -42,6 +42,7 @@ COMBINE_ELEMENTS = 1024  # rows x d per combine program (one row at d = 1024: a 
 def _route(
     RAW, BIAS, IDX, GATES, n_rows, E, s_raw, s_idx, raw_mn,
     K: tl.constexpr, EP: tl.constexpr, ROWS: tl.constexpr, RAW_NCH: tl.constexpr,
+    SCORES: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = r < n_rows
@@ -49,7 +50,7 @@ def _route(
     valid = e < E
     m = live[:, None] & valid[None, :]
     raw = _tree_of(RAW, r[:, None].to(tl.int64) * s_raw + e[None, :], raw_mn, m, RAW_NCH)
-    s = sigmoid(raw)
+    s = raw if SCORES else sigmoid(raw)  # SCORES: given as `sigmoid_fwd` computes them
     key = s + tl.load(BIAS + e, mask=valid, other=0.0)[None, :]
     key = tl.where(m, key, float("-inf"))
     # rank of expert e in its row: how many valid experts beat it (ties: lower id wins)
@@ -74,9 +75,12 @@ def _route(
         tl.store(GATES + r * s_idx + j, tl.math.div_rn(sj, total), mask=live)
 
 
-def route_fwd(raw: Tensor | Partials, bias: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def route_fwd(
+    raw: Tensor | Partials, bias: Tensor, k: int, scores: bool = False
+) -> tuple[Tensor, Tensor]:
     """Router logits (N, E) fp32 (or their unreduced chunk products) -> (expert ids (N, k)
-    int64, gates (N, k) fp32)."""
+    int64, gates (N, k) fp32). `scores`: `raw` holds the scores already (their sigmoid, as
+    `elementwise.sigmoid_fwd` computes it: the same bits as the kernel's own)."""
     if isinstance(raw, Partials):
         src, n, e, stride, nch, mn = raw.p, raw.rows, raw.cols, raw.cols, raw.nch, raw.p[0].numel()
     else:
@@ -91,7 +95,7 @@ def route_fwd(raw: Tensor | Partials, bias: Tensor, k: int) -> tuple[Tensor, Ten
         rows = max(1, ROUTE_ELEMENTS // (ep * ep))
         _route[(triton.cdiv(n, rows),)](
             src, bias, idx, gates, n, e, stride, idx.stride(0), mn,
-            K=k, EP=ep, ROWS=rows, RAW_NCH=nch, enable_fp_fusion=False,
+            K=k, EP=ep, ROWS=rows, RAW_NCH=nch, SCORES=scores, enable_fp_fusion=False,
         )  # fmt: skip
     return idx, gates
 

@@ -94,7 +94,7 @@ class MoE(nn.Module):
             return self._forward_fused(x, routing, residual)
         raw = kernels.linear(x, self.router)  # (N, E) fp32
         scores = fused.sigmoid(raw)
-        idx, gates = self._route(scores, routing, raw)
+        idx, gates = self._route(scores, routing)
         counts = _expert_counts(idx, self.cfg.n_experts)
         if self.training:
             self.expert_load += counts
@@ -168,15 +168,13 @@ class MoE(nn.Module):
         full = self.row_parallel.reduce(torch.cat(parts, dim=-1))
         return full[:, : k * d].view(n, k, d), (full[:, k * d :] if shared is not None else None)
 
-    def _route(
-        self, scores: Tensor, routing: Routing | None, raw: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def _route(self, scores: Tensor, routing: Routing | None) -> tuple[Tensor, Tensor]:
         if isinstance(routing, RoutingReplay) and routing.experts:
             idx, gates = routing.lookup(self.layer)
             idx = idx.to(scores.device)
             if routing.rows is not None:  # rows without a record: the router's own choice
                 rows = routing.rows.to(scores.device).unsqueeze(-1)
-                own = self._select(scores, raw)
+                own = self._select(scores)
                 idx = torch.where(rows, idx, own)
                 if gates is not None:
                     own_gates = kernels.normalize_rows(scores.gather(-1, own))
@@ -184,24 +182,23 @@ class MoE(nn.Module):
             if gates is None:
                 gates = kernels.normalize_rows(scores.gather(-1, idx))
             return idx, gates.to(scores.device)
-        idx = self._select(scores, raw)
+        idx = self._select(scores)
         gates = kernels.normalize_rows(scores.gather(-1, idx))
         if isinstance(routing, RoutingRecorder):
             routing.add(self.layer, idx, gates)
         return idx, gates
 
-    def _select(self, scores: Tensor, raw: Tensor | None = None) -> Tensor:
+    def _select(self, scores: Tensor) -> Tensor:
         """Top-k experts by biased score (the bias picks experts, never weighs them).
 
-        On the Triton path, given the router logits `raw` (scores = their sigmoid), the
-        selection kernel decides (ties to the lower expert id), the one the fused inference
-        path runs, so training and inference select alike."""
-        if raw is not None and use_triton(raw):
+        On the Triton path the selection kernel decides (ties to the lower expert id), the
+        one the fused inference path runs, so training and inference select alike."""
+        if use_triton(scores):
             from rlsys.kernels.triton_ops.moe_route import RANK_MAX, route_fwd
 
             if self.cfg.n_experts <= RANK_MAX:
                 k = self.cfg.experts_per_token
-                return route_fwd(raw.detach(), self.expert_bias, k)[0]
+                return route_fwd(scores.detach(), self.expert_bias, k, scores=True)[0]
         biased = scores.detach() + self.expert_bias
         return biased.topk(self.cfg.experts_per_token, dim=-1).indices
 

@@ -142,6 +142,9 @@ def test_routing_selects_the_top_k_with_ties_to_the_lower_id_and_normalises_in_o
     total = sel[:, 0] + sel[:, 1] + sel[:, 2]
     assert torch.equal(gates, sel / total[:, None])
     assert torch.equal(mr.route_fwd(raw[9:10], bias, 3)[1], gates[9:10])
+    # from scores already computed (the training path's selection): the same decision
+    for got, want in zip(mr.route_fwd(scores, bias, 3, scores=True), (idx, gates), strict=True):
+        assert torch.equal(got, want)
 
 
 def test_expert_layout_numbers_rows_like_a_stable_sort_and_tiles_like_expert_tiles() -> None:
