@@ -1,4 +1,5 @@
-"""Thin Ray actor wrappers that assemble the core objects (DESIGN.md sections 2-3).
+"""Thin Ray actor wrappers that assemble the core objects (docs/ARCHITECTURE.md,
+"Dependency rule" and "One step of data flow").
 
 The only package (with the CLI) that imports `ray`. Each actor wraps one core object and
 adds nothing but transport: engine replicas (`engine_replica`), the admission scheduler

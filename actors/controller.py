@@ -6,11 +6,11 @@ dead workers, retries through the ledger's reconcile) and `StepCommitter` (the s
 ledger commit, and agreeing with a restored checkpoint). This file only moves messages
 (`rlsys.actors.messages`) between them and the actors, and waits.
 
-Data flow (DESIGN.md section 3): workers publish scored trajectories to the rollout stream
+Data flow: workers publish scored trajectories to the rollout stream
 themselves and answer the controller with ids and states; the controller names a step's
 rollout ids to the trainer, which reads them from the stream and acknowledges their entries
 only after `StepCommitter.commit` has ended them `trained` (or filtered) in the ledger.
-No token array crosses the driver.
+No token array crosses the driver (docs/ARCHITECTURE.md, "One step of data flow").
 
 Invariants kept here:
 - a dead worker (its actor died) is told apart from a task error inside a live one; the

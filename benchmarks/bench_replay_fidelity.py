@@ -1,4 +1,4 @@
-"""Long-horizon replay fidelity at staleness 1-4 (issue 15, items 2 and 4): an ablation.
+"""Long-horizon replay fidelity at staleness 1-4: an ablation.
 
 Per arm, a real `Trainer` (bf16 `tiny` model) takes `--steps` optimiser steps on
 trajectories that a real `EngineCore` + `LocalRunner` generated in this process (no Ray)
@@ -18,7 +18,7 @@ Columns: `mismatch` (the engine's log-prob against the trainer's recomputation u
 behaviour version's own weights, every stale rollout of every step: mean/max |diff| and K3
 KL) and `drift` (behaviour against the current policy at the step: the mismatch plus the
 policy's own updates; mean/max |diff|, K3 KL). The full-set arm also measures the
-selection mismatch (item 2): per staleness, the share of (token, Sparse GQA layer, KV group)
+selection mismatch: per staleness, the share of (token, Sparse GQA layer, KV group)
 selections where the current indexer picks other blocks than the engine did (over all rows,
 and over the rows that have a choice: position // B > k / B), the share of (token, MoE
 layer) expert sets that differ, and the mean |log-prob| change, at the current weights, of

@@ -1,5 +1,5 @@
 """Which implementation a kernel call runs: Triton on CUDA tensors, the plain-torch
-reference on the CPU (DESIGN.md 7).
+reference on the CPU (docs/ARCHITECTURE.md, "Numerics").
 
 `RLSYS_KERNELS=triton` also routes CPU tensors to the Triton kernels; with
 `TRITON_INTERPRET=1` they then run through Triton's interpreter (how CI tests them).

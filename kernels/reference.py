@@ -3,7 +3,8 @@
 Invariant (batch invariance): the value computed for one row (a token, a query, a head)
 depends only on that row's inputs, never on how many other rows share the call, where the
 row sits in it, or what the other rows hold. This is what lets the engine's incremental
-decode and the trainer's full-sequence forward agree bitwise (DESIGN.md section 6).
+decode and the trainer's full-sequence forward agree bitwise (docs/ARCHITECTURE.md,
+"Numerics").
 
 How it is obtained, so later kernels keep it:
 - Matrix products run as `bmm` over items of a *fixed* shape: rows are padded to

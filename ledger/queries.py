@@ -1,6 +1,6 @@
 """Read-only reports over a ledger: stats, drops, one rollout's record.
 
-Definitions (DESIGN.md section 4), used by every report:
+Definitions (docs/ARCHITECTURE.md, "The ledger"), used by every report:
 - expected = rollout rows of the job (each was written as `planned` before dispatch);
 - consumed / discarded / dropped = terminal rows by class;
 - drop_rate = dropped / expected (0 when nothing is expected);

@@ -47,7 +47,7 @@ class Ledger:
 
     @classmethod
     def open(cls, url: str | None = None, *, create: bool = True, **kw: Any) -> Ledger:
-        """Open the ledger at `url` (resolved as DESIGN.md section 5 says).
+        """Open the ledger at `url` (resolved as docs/ARCHITECTURE.md, "The ledger", says).
 
         `create=True` creates the database file and migrates the schema to head;
         `create=False` (readers) creates nothing and accepts a database with no ledger yet,

@@ -2,7 +2,8 @@
 
 Ids 0..255 are raw bytes; a few special ids follow. Byte-level means every string has
 exactly one encoding and decode(encode(s)) == s, so token ids can flow end to end between
-turns with no re-tokenisation drift (DESIGN.md section 3): the scaffold appends the ids
+turns with no re-tokenisation drift (docs/ARCHITECTURE.md, "One step of data flow"): the
+scaffold appends the ids
 of an observation to the ids the engine produced, never re-encodes the whole context.
 
 Invariant: `VOCAB_SIZE` is the model's minimum vocabulary; configs may round it up.

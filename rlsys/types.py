@@ -3,7 +3,7 @@
 Imports only the standard library, so the CLI, the ledger and the actors agree on names
 without pulling in torch or ray.
 
-Invariants (DESIGN.md section 4):
+Invariants (docs/ARCHITECTURE.md, "The ledger"):
 - every terminal state belongs to exactly one class: consumed, discarded or dropped;
 - no transition leaves a terminal state;
 - `trained` is reachable only from `buffered` (a sample reaches an optimiser step only

@@ -1,4 +1,4 @@
-"""The dependency rule of DESIGN.md section 2, enforced.
+"""The dependency rule of docs/ARCHITECTURE.md ("Dependency rule"), enforced.
 
 Three checks: (1) a static scan of every import statement, so a forbidden import is caught
 even inside a function body; (2) the same scan against `ALLOWED_EDGES`, the table of which
@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-# source folder -> import name (DESIGN.md section 1)
+# source folder -> import name (docs/ARCHITECTURE.md, "Layout")
 PACKAGES = {
     "rlsys": "rlsys",
     "actors": "rlsys.actors",
@@ -43,9 +43,9 @@ OWNERS = {
 }
 
 # The project's own packages (`rlsys.X`, whatever folder holds it) -> the packages it may
-# import. DESIGN.md section 2: cli -> actors -> rollout -> sandboxes; actors -> engine,
-# trainer, algo, model -> kernels; everything -> types, config. Leaf modules of `rlsys`
-# (types, tokenizer, trajectory) count as packages.
+# import (docs/ARCHITECTURE.md, "Dependency rule"): cli -> actors -> rollout -> sandboxes;
+# actors -> engine, trainer, model -> kernels; trainer -> algo; everything -> types,
+# config. Leaf modules of `rlsys` (types, tokenizer, trajectory) count as packages.
 ALLOWED_EDGES: dict[str, set[str]] = {
     "rlsys.cli": {"rlsys.actors", "rlsys.config", "rlsys.engine", "rlsys.ledger",
                   "rlsys.model", "rlsys.sandboxes", "rlsys.tracking", "rlsys.trainer",

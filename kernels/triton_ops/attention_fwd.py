@@ -9,7 +9,7 @@ consecutive absolute positions aligned to STEP:
 - Sparse GQA: the union, over the tile's present rows, of the steps holding a selected
   block or the row's own (current) block, ascending (a CSR list built by the indexer).
 
-Batch invariance (DESIGN.md 6), why it holds:
+Batch invariance (docs/ARCHITECTURE.md, "Numerics"), why it holds:
 - a row's scores are `dot(q_row, k)`: row-independent MMA, one fixed K-loop over D;
 - the online softmax visits, for every row, the same aligned steps in ascending order;
   a step in which a row sees nothing (a union step it did not select, a window step out of

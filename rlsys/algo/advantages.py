@@ -3,7 +3,8 @@
 Invariants:
 - within a group the advantages sum to zero (before turn penalties);
 - a turn penalty changes the advantage of that turn's policy tokens only; every other
-  token of the trajectory keeps the outcome advantage (turn-level credit, DESIGN.md 3.5).
+  token of the trajectory keeps the outcome advantage (turn-level credit:
+  docs/ARCHITECTURE.md, "One step of data flow", Score).
 """
 
 from __future__ import annotations

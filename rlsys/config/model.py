@@ -6,7 +6,8 @@ Invariants:
 - Layer `i` is a Sparse GQA layer iff `(i + 1) % (swa_per_sparse + 1) == 0`; every other
   layer is gated sliding-window attention (3:1 for the default `swa_per_sparse=3`).
 - Everything a kernel's *shape* depends on (tiles, blocks, window) is fixed here, never
-  derived from a batch, so a token's computation is the same in any batch (DESIGN.md 6).
+  derived from a batch, so a token's computation is the same in any batch
+  (docs/ARCHITECTURE.md, "Numerics").
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ PRESETS: dict[str, ModelConfig] = {
         mtp_depth=1,
         compute_dtype="bfloat16",
     ),
-    # The GPU job at real depth (issue 13): narrow and deep like the reference shape
+    # The GPU job at real depth: narrow and deep like the reference shape
     # (48 blocks, 3:1 SWA : Sparse GQA, B=8, k=4096) with a byte-level vocabulary, sized so
     # that one H200 holds its bf16 weights, fp32 master copy and Adam state with room for
     # 32K-token sequences: `rlsys model info large` prints its total and active

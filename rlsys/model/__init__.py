@@ -1,4 +1,4 @@
-"""The policy model shared by the engine and the trainer (DESIGN.md section 6).
+"""The policy model shared by the engine and the trainer (docs/ARCHITECTURE.md, "Numerics").
 
 Public API: `Transformer` (full `forward` and incremental `forward_step` + `ModelCache`),
 routing record/replay (`RoutingRecorder`, `RoutingReplay`, `RoutedExperts`), RL log-probs

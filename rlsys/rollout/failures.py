@@ -1,7 +1,7 @@
 """Typed ends of a rollout that did not finish normally.
 
 A failure is never folded into a reward of 0: the rollout ends in the named dropped state
-of DESIGN.md section 4 (`failed_engine`, `failed_sandbox`, `failed_timeout`,
+of docs/ARCHITECTURE.md, "The ledger" (`failed_engine`, `failed_sandbox`, `failed_timeout`,
 `failed_reward`) with a reason the ledger keeps (exception text, stderr tail).
 
 Deeper layers (tools, verifiers) raise `RolloutAbort`; the scaffold catches it and returns

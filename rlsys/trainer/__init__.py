@@ -1,4 +1,5 @@
-"""The trainer (DESIGN.md sections 3 and 6): trajectories in, optimiser steps out, no Ray.
+"""The trainer: trajectories in, optimiser steps out, no Ray (docs/ARCHITECTURE.md, "One
+step of data flow" and "Numerics").
 
 Public API: `Trainer` (`train_step`, `log_probs`, `pretrain_critic`, `save_checkpoint`,
 `restore`), `StepResult`/`StepMetrics`, `supervised_warm_start`, the replay registry

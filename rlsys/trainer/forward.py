@@ -11,7 +11,8 @@ The same mode is used for the actor and for the reference policy.
 
 Selection replay (`trainer.replay_selections`, independent of the expert mode): rows with
 recorded Sparse GQA selections attend to the engine's blocks instead of the current
-indexer's top-k (DESIGN.md 6: the third discrete decision inference made).
+indexer's top-k (the third discrete decision inference made: docs/ARCHITECTURE.md,
+"Numerics", Replay).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and the backward recomputes one chunk's (c, V) logits at a time. So the full (P,
 tensor never exists, forward or backward. `chunk=0` is one unchunked pass (kept for the
 benchmark and for small batches).
 
-Numerics (DESIGN.md section 6), what keeps staleness-0 log-probs bitwise equal to the
+Numerics (docs/ARCHITECTURE.md, "Numerics"), what keeps staleness-0 log-probs bitwise equal to the
 engine's: the logits are `Transformer.head_logits` cast to fp32, i.e. `Transformer.logits`
 (row-invariant kernels, so selecting rows changes nothing), then divided by the sampling
 temperature (skipped at 1: x / 1 is x), then every id outside the allowed set is filled with -inf, then `kernels.log_softmax`
@@ -18,7 +18,8 @@ engine's sampler (`rlsys.engine.sampler.sample`) takes the same steps in the sam
 with its own code, and the alignment tests hold the two to bitwise equality.
 
 The zero-center projection sits on the raw LM-head output (the compute dtype, bf16 in
-production): its gradient has its mean over the allowed set removed (DESIGN.md 6).
+production): its gradient has its mean over the allowed set removed (docs/ARCHITECTURE.md,
+"Numerics", Replay).
 
 Tensor legend: P policy rows, c chunk rows, V vocabulary, C candidates, d width.
 """

@@ -1,4 +1,4 @@
-"""What one trainer step reports (DESIGN.md section 5, `monitor --json`).
+"""What one trainer step reports (`monitor --json`: docs/ARCHITECTURE.md, "Command line").
 
 Token-level quantities (entropy, importance weight, log-prob drift) are averaged over the
 step's policy tokens, accumulated across micro-batches; staleness over the step's kept

@@ -1,4 +1,4 @@
-"""Where the ledger is: one rule for every command (DESIGN.md section 5)."""
+"""Where the ledger is: one rule for every command (docs/ARCHITECTURE.md, "The ledger")."""
 
 import pytest
 

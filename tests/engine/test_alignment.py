@@ -1,4 +1,5 @@
-"""Engine log-probs equal the trainer's full-forward recompute bitwise (DESIGN.md section 6):
+"""Engine log-probs equal the trainer's full-forward recompute bitwise (docs/ARCHITECTURE.md,
+"Numerics"):
 whatever the batch composition, prefill chunking, prefix-cache state, in fp32 and bf16."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - the `deep-92` attention shape (16 heads, 4 KV groups, head dim 128, B=8, k=512 blocks
   here, bf16): prefill against a dense fp32 oracle, decode batches bitwise the prefill;
 - the `medium` model: the engine's paged decode and the trainer's packed forward give
-  bitwise the same log-probs on the GPU (DESIGN.md 6).
+  bitwise the same log-probs on the GPU (docs/ARCHITECTURE.md, "Numerics").
 """
 
 from __future__ import annotations

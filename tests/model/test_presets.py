@@ -63,7 +63,7 @@ def test_model_info_applies_overrides_and_rejects_bad_ones() -> None:
 
 def test_presets_validate_and_config_imports_without_torch() -> None:
     assert set(PRESETS) == {"tiny", "small", "medium", "large", "deep-92"}
-    large = preset("large")  # issue 13: >= 48 blocks, 3:1 SWA : Sparse GQA, MoE
+    large = preset("large")  # the GPU job's preset: >= 48 blocks, 3:1 SWA : Sparse GQA, MoE
     assert large.n_layers >= 48 and large.swa_per_sparse == 3 and large.n_experts > 1
     code = "import sys, rlsys.config.model, rlsys.cli.model_cmd; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,5 +1,5 @@
 """The model on the Triton path: the same function as the reference, and the engine's
-paged decode bitwise equal to the trainer's packed forward (DESIGN.md 6, 7).
+paged decode bitwise equal to the trainer's packed forward (docs/ARCHITECTURE.md, "Numerics").
 
 On a CPU machine the Triton path is forced (`RLSYS_KERNELS=triton`) and runs through the
 interpreter, on the tiny preset; on a GPU machine it runs compiled, in fp32 and bf16.

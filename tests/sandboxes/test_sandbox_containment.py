@@ -1,4 +1,4 @@
-"""Hostile tool code is contained (issue 5): output floods, binary output, loops, fork bombs,
+"""Hostile tool code is contained: output floods, binary output, loops, fork bombs,
 memory hogs, writes outside the workspace, network, host files, and neighbouring sandboxes.
 
 Each test runs against bwrap (unit: CI on this machine) and docker (services: where an

@@ -1,4 +1,5 @@
-"""Log-prob alignment with the engine, and what each replay changes (DESIGN.md section 6)."""
+"""Log-prob alignment with the engine, and what each replay changes (docs/ARCHITECTURE.md,
+"Numerics")."""
 
 from __future__ import annotations
 
