@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -74,6 +75,7 @@ def run(
     from rlsys.cli.job_config import load_job_config
 
     cfg = load_job_config(config, sets)
+    _prepare_model(cfg.model)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `ray job stop` sends SIGTERM
     from rlsys.actors.job import run_job
     from rlsys.ledger.errors import LedgerUserError
@@ -99,6 +101,27 @@ def run(
     )
     if summary["status"] != "completed":
         sys.exit(130 if summary["status"] == "stopped" else 1)
+
+
+def _prepare_model(model: Any) -> None:
+    """A Hugging Face model directory must exist before any actor loads it: made here when
+    the config asks for a tiny one (`model.make_tiny`), else a missing one is a user error
+    that says what to run."""
+    if model.kind != "hf" or Path(model.path).exists():
+        return
+    if model.make_tiny is None:
+        raise UserError(
+            f"model.path: {model.path} does not exist (a local Hugging Face model directory: "
+            "config.json + safetensors); for a tiny random test model, run "
+            f"`python -m rlsys.model.hf_tiny {model.path}` or set model.make_tiny: qwen3"
+        )
+    from rlsys.model.hf_tiny import ensure_tiny
+
+    click.echo(f"model.path {model.path}: making a tiny {model.make_tiny} model", err=True)
+    try:
+        ensure_tiny(model.path, model.make_tiny)
+    except ModuleNotFoundError as err:
+        raise UserError(f"model.make_tiny needs {err.name} (the rlsys[vllm] extra)") from err
 
 
 def _sigterm_as_interrupt(_signum: int, _frame: Any) -> None:

@@ -38,6 +38,12 @@ class ModelSection(_Section):
     path: str | None = Field(
         None, description="kind hf: a local Hugging Face model directory (config + weights)."
     )
+    make_tiny: Literal["qwen3", "qwen3_moe"] | None = Field(
+        None,
+        description="kind hf: when `path` does not exist, `rlsys run` first writes a tiny "
+        "random model of this kind there (rlsys.model.hf_tiny: tests and demos; nothing is "
+        "downloaded). Unset: a missing `path` is an error.",
+    )
     preset: str = Field("small", description=f"Model preset: one of {sorted(PRESETS)}.")
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="ModelConfig fields to override."
@@ -57,6 +63,8 @@ class ModelSection(_Section):
             )
         if self.kind == "hf" and not self.path:
             raise ValueError("model.path: kind hf needs a local Hugging Face model directory")
+        if self.make_tiny and self.kind != "hf":
+            raise ValueError("model.make_tiny: only for model.kind hf")
         self.resolve()
         return self
 

@@ -3,12 +3,15 @@
 `python -m rlsys.model.hf_tiny DIR [--kind qwen3|qwen3_moe]` writes a Qwen3-style dense or
 Qwen3-MoE-style model of ~1-2M parameters to DIR with `save_pretrained` (no tokenizer: the
 jobs run on the byte tokenizer's ids, so the vocabulary is `rlsys.tokenizer.VOCAB_SIZE`).
-This is what `configs/vllm-tiny.yaml`, the vLLM tests and the benchmark load.
+This is what `configs/vllm-tiny.yaml` (`model.make_tiny`: `rlsys run` makes it on first
+use), the vLLM tests and the benchmark load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,28 @@ def build_tiny(path: str | Path, kind: str = "qwen3", seed: int = 0, **overrides
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(str(path))
     return Path(path)
+
+
+def ensure_tiny(path: str | Path, kind: str) -> bool:
+    """Make the tiny `kind` model at `path` unless a directory is there; True if made.
+
+    Written beside `path` and renamed into place, so an interrupted build never leaves a
+    directory that a later run would take for a model."""
+    target = Path(path)
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.{os.getpid()}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    build_tiny(staging, kind)
+    try:
+        staging.rename(target)
+    except OSError:  # another run made it meanwhile: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+        if not target.is_dir():
+            raise
+        return False
+    return True
 
 
 def main() -> None:

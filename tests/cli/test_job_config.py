@@ -100,6 +100,7 @@ def test_one_gpu_config_is_the_quickstart_on_a_shared_gpu(monkeypatch):
         (("trainer.warm_start.slip_rate=1",), "trainer.warm_start.slip_rate: Input should be less"),
         (("engine.backend=vllm",), "engine.backend 'vllm' serves model.kind 'hf', not 'native'"),
         (("model.kind=hf",), "model.path: kind hf needs a local Hugging Face model directory"),
+        (("model.make_tiny=qwen3",), "model.make_tiny: only for model.kind hf"),
         (("engine.backend=sglang",), "engine.backend: Input should be 'native' or 'vllm'"),
         (
             ("model.kind=hf", "model.path=/m", "engine.backend=vllm", "engine.tp=2"),
@@ -149,3 +150,17 @@ def test_run_with_a_bad_config_exits_2_and_starts_nothing(tmp_path):
     assert "engine.replicas" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []  # no ledger, no run directory
     assert "ray" not in res.stderr.lower()
+
+
+def test_run_of_a_missing_hf_model_directory_says_what_to_run(tmp_path):
+    missing = tmp_path / "no-model"
+    sets = [f"model.path={missing}", "model.make_tiny=null", f"store.run_root={tmp_path}"]
+    res = subprocess.run(
+        [sys.executable, "-m", "rlsys.cli", "run", str(QUICKSTART.parent / "vllm-tiny.yaml"),
+         *[arg for s in sets for arg in ("--set", s)]],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert f"model.path: {missing} does not exist" in res.stderr
+    assert f"python -m rlsys.model.hf_tiny {missing}" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing started, nothing written

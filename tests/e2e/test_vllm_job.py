@@ -32,9 +32,14 @@ def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 def test_vllm_tiny_job_completes_with_nothing_lost_and_reports_mismatch(
     hf_model_dirs, tmp_path, kind
 ):
-    sets = ["--set", f"model.path={hf_model_dirs[kind]}", "--set", f"store.run_root={tmp_path}"]
+    # qwen3: the config as written, its model made on first use (`model.make_tiny`);
+    # qwen3_moe: an existing model directory, used as it is
+    model = tmp_path / "model" if kind == "qwen3" else hf_model_dirs[kind]
+    sets = ["--set", f"model.path={model}", "--set", f"store.run_root={tmp_path}"]
     run = _cli("run", str(CONFIG), *sets)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert ("making a tiny qwen3 model" in run.stderr) == (kind == "qwen3")
+    assert (model / "config.json").is_file()
     db = ["--db", f"sqlite:///{tmp_path / 'ledger.db'}"]
 
     stats = json.loads(_cli("ledger", "stats", *db, "--json").stdout)
