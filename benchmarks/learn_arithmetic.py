@@ -133,12 +133,13 @@ def warm_start(args: argparse.Namespace) -> WarmStart:
         demos,
         steps=args.warm_steps,
         lr=args.warm_lr,
-        batch_size=16,
+        batch_size=args.warm_batch,
         options=options,
         seed=args.seed,
         content_ids=task.content_token_ids,
         content_weight=args.content_weight,
         lr_schedule=args.warm_schedule,
+        mtp_weight=args.mtp_weight,
     )
     seconds = time.perf_counter() - started
     print(
@@ -151,7 +152,12 @@ def warm_start(args: argparse.Namespace) -> WarmStart:
 
 
 def _trainer(model: Transformer, args: argparse.Namespace, zero_center: str) -> Trainer:
-    cfg = TrainerSection(lr=args.lr, warmup_steps=args.warmup, zero_center=zero_center == "on")
+    cfg = TrainerSection(
+        lr=args.lr,
+        warmup_steps=args.warmup,
+        zero_center=zero_center == "on",
+        mtp_weight=args.mtp_weight,
+    )
     return Trainer(model, cfg, AlgoConfig(max_staleness=0))
 
 
@@ -219,6 +225,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--demos", type=int, default=1024)
     p.add_argument("--warm-steps", type=int, default=40)
     p.add_argument("--warm-lr", type=float, default=3e-3)
+    p.add_argument("--warm-batch", type=int, default=16, help="demonstrations per warm step")
     p.add_argument("--warm-schedule", choices=sorted(LR_SCHEDULES), default="stable_decay")
     p.add_argument("--instructions", choices=["on", "off"], default="off")
     p.add_argument("--content-weight", type=float, default=1.0)
@@ -226,6 +233,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="RL learning-rate warm-up steps")
     p.add_argument("--zero-center", choices=["on", "off"], default="on")
+    p.add_argument(
+        "--mtp-weight", type=float, default=0.1, help="MTP heads' loss weight (0: no heads' loss)"
+    )
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--preset", default="small", help="model preset (rlsys.config.model)")

@@ -50,6 +50,32 @@ def missing_service(msg: str) -> None:
     pytest.skip(msg)
 
 
+# Logical CPUs of the session's local Ray cluster: enough for every job the tests run on it
+# at once (a tiny job asks for about 2.5), so no actor ever waits for a CPU slot. Ray does
+# not pin actors to cores.
+RAY_LOGICAL_CPUS = 8
+
+
+@pytest.fixture(scope="session")
+def _ray_started() -> Iterator[None]:
+    """The session's local Ray cluster: started by the first test that needs one, shut down
+    at the end of the session (each `ray.init` costs seconds; jobs share the cluster)."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_ray_started: None) -> None:
+    """This process joined to the session's local Ray cluster. A test that needs a cluster
+    of its own (tests/e2e/test_lost_node.py) shuts it down; the next test starts it again."""
+    from rlsys.actors.runtime import init_ray
+
+    init_ray("local", logical_cpus=RAY_LOGICAL_CPUS)
+
+
 @pytest.fixture
 def pg_database_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""

@@ -40,16 +40,6 @@ TRAINER = {
 WAIT_S = DP_TIMEOUT_S + 120
 
 
-@pytest.fixture
-def local_ray():  # type: ignore[no-untyped-def]
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def _config(tmp_path: Path, data_parallel: int) -> JobConfig:
     return JobConfig.model_validate(
         {

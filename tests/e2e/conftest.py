@@ -1,7 +1,8 @@
 """End-to-end fixtures: a job config small enough for CI (tiny model, real everything else).
 
-One local Ray cluster per test session (started by the first job, shut down at the end);
+One local Ray cluster per test session, shared by every job (`local_ray`, tests/conftest.py);
 bwrap sandboxes, SQLite ledger, the local (SQLite) stream, native engine replicas, the trainer.
+The tests that need a cluster of their own run last, so the shared one starts once.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ store: {{run_root: {root}}}
 """
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _ray_session():
-    yield
-    import ray
+# Modules whose tests start (or join) a Ray cluster of their own, and so shut the shared one
+# down: run after every other end-to-end test.
+OWN_CLUSTER = ("test_lost_node.py",)
 
-    if ray.is_initialized():
-        ray.shutdown()
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name in OWN_CLUSTER)  # stable: order kept otherwise
 
 
 @pytest.fixture
@@ -52,8 +53,11 @@ def tiny_job_file(tmp_path: Path):
 
 
 @pytest.fixture
-def tiny_job(tmp_path: Path):
+def tiny_job(tmp_path: Path, request: pytest.FixtureRequest):
     from rlsys.cli.job_config import load_job_config
+
+    if "cluster" not in request.fixturenames:  # a cluster of its own (test_lost_node.py)
+        request.getfixturevalue("local_ray")
 
     def make(steps: int = 3, *sets: str):
         path = tmp_path / "job.yaml"

@@ -25,10 +25,8 @@ DESIGN_STEP_KEYS = {"step", "policy_version", "staleness", "logprob_drift", "rew
 
 @pytest.fixture(scope="module")
 def head():
-    import ray
-
-    if ray.is_initialized():  # the in-process cluster of earlier e2e tests
-        ray.shutdown()
+    # a cluster of its own, beside the session's in-process one (left running for the tests
+    # after these: it does not take part)
     with start_head() as h:
         yield h
 

@@ -1,17 +1,24 @@
-"""The learning check (issue 6): on the quickstart's tool-use task, with trajectories the real
-engine generates, RL raises the mean reward of a held-out evaluation, and the zero-center
-RL steps use the zero-center projection (the job's default).
+"""The learning check: on the quickstart's tool-use task, with trajectories the real engine
+generates, RL raises the mean reward of a held-out evaluation, and the RL steps use the
+zero-center projection (the job's default).
 
 It runs `benchmarks/learn_arithmetic.py`'s loop (no Ray, staleness 0): one supervised warm
 start on demonstrations from a slipping demonstrator (30% of them forget the addend or use
 the wrong operator), then 12 RL steps of 8 groups x 4 rollouts at lr 2e-4, evaluated on 128
-held-out instances before and after.
+held-out instances before and after. The evaluation is paired: the same instances, each
+rollout sampled with its own seed, so with unchanged weights "after" equals "before" and
+only a real change of the policy can pass.
+
+The MTP heads are off here (`--mtp-weight 0`): their loss trains the heads alone (the trunk,
+embedding and LM head enter it detached, and their gradient is clipped apart), and this
+loop's engine does not draft, so the policy learns exactly what it learns with them on, for
+less compute.
 
 The arm without the projection that this test used to run as well is gone: in fp32 on
 this task the two arms ended alike (0.805 both), so it could not fail for the projection's
 sake and cost a third of the test's time; what the projection buys is measured where low
-precision breaks the zero-sum logit gradient (issue 15), and `learn_arithmetic.py
---zero-center off` still runs that arm by hand.
+precision breaks the zero-sum logit gradient (BENCHMARKS.md, "Zero-center projection in
+bf16"), and `learn_arithmetic.py --zero-center off` still runs that arm by hand.
 
 Why a slipping demonstrator: an oracle-only warm start leaves RL a headroom that depends on
 where a fixed number of Adam steps happens to land, and that moved with the CPU (the same
@@ -22,8 +29,7 @@ the learning-rate decay at the end of the warm start settles it there.
 Not bitwise reproducible run to run: the engine samples from per-request seeded generators,
 but CPU training's threaded backward reductions vary in the last bits, so two runs of the
 same code on the 2-core box gave 0.625 -> 0.859 and 0.586 -> 0.805 (with the projection);
-the bounds leave room for that and for another CPU's rounding. About 10 minutes on a
-2-core CPU before the second arm was dropped.
+the bounds leave room for that and for another CPU's rounding.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "learn_arithmetic
 ARGS = [
     "--warm-steps", "120", "--slip-rate", "0.3", "--content-weight", "1.0",
     "--steps", "12", "--groups", "8", "--group-size", "4", "--lr", "2e-4", "--warmup", "5",
-    "--eval", "128",
+    "--eval", "128", "--mtp-weight", "0",
 ]  # fmt: skip
 
 
