@@ -13,15 +13,18 @@ Usage:
       [--content-weight 1.0] [--instructions on|off]   (warm-start loss; prompt)
       [--slip-rate 0.0]   (share of demonstrations in which the demonstrator errs)
       [--device cpu|cuda]   (where the engine and the trainer run)
+      [--json PATH]   (also write the result as JSON: what tests/trainer/test_learning.py reads)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -241,8 +244,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="small", help="model preset (rlsys.config.model)")
     p.add_argument("--device", default="cpu", help="engine and trainer device (cpu, cuda)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the result (before, after, ...) here")
     return p
 
 
 if __name__ == "__main__":
-    run(parser().parse_args())
+    _args = parser().parse_args()
+    _result = run(_args)
+    if _args.json:
+        Path(_args.json).write_text(json.dumps(_result))

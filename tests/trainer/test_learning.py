@@ -2,12 +2,14 @@
 generates, RL raises the mean reward of a held-out evaluation, and the RL steps use the
 zero-center projection (the job's default).
 
-It runs `benchmarks/learn_arithmetic.py`'s loop (no Ray, staleness 0): one supervised warm
-start on demonstrations from a slipping demonstrator (30% of them forget the addend or use
-the wrong operator), then 12 RL steps of 8 groups x 4 rollouts at lr 2e-4, evaluated on 128
-held-out instances before and after. The evaluation is paired: the same instances, each
-rollout sampled with its own seed, so with unchanged weights "after" equals "before" and
-only a real change of the policy can pass.
+It runs `benchmarks/learn_arithmetic.py` (no Ray, staleness 0), in a process of its own that
+starts when the session's tests are collected and overlaps with the rest of the suite
+(tests/trainer/conftest.py): one supervised warm start on demonstrations from a slipping
+demonstrator (30% of them forget the addend or use the wrong operator), then 12 RL steps
+of 8 groups x 4 rollouts at lr 2e-4, evaluated on 128 held-out instances before and after.
+The evaluation is paired: the same instances, each rollout sampled with its own seed, so
+with unchanged weights "after" equals "before" and only a real change of the policy can
+pass.
 
 The MTP heads are off here (`--mtp-weight 0`): their loss trains the heads alone (the trunk,
 embedding and LM head enter it detached, and their gradient is clipped apart), and this
@@ -41,6 +43,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.trainer.conftest import learning_result
+
 pytestmark = [pytest.mark.learning, pytest.mark.timeout(1800)]
 
 HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "learn_arithmetic.py"
@@ -59,8 +63,16 @@ def _harness() -> ModuleType:
     return module
 
 
+def harness_command(result: Path) -> list[str]:
+    """The learning run as a command that writes its result (JSON) to `result`."""
+    return [sys.executable, str(HARNESS), *ARGS, "--json", str(result)]
+
+
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict]:
+    background = learning_result()
+    if background is not None:
+        return {"on": background}
     harness = _harness()
     args = harness.parser().parse_args(ARGS)
     warm = harness.warm_start(args)
