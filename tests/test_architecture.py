@@ -44,7 +44,7 @@ OWNERS = {
 
 # The project's own packages (`rlsys.X`, whatever folder holds it) -> the packages it may
 # import (docs/ARCHITECTURE.md, "Dependency rule"): cli -> actors -> rollout -> sandboxes;
-# actors -> engine, trainer, model -> kernels; trainer -> algo; everything -> types,
+# actors -> engine, trainer, model -> kernels; actors, trainer -> algo; everything -> types,
 # config. Leaf modules of `rlsys` (types, tokenizer, trajectory) count as packages.
 ALLOWED_EDGES: dict[str, set[str]] = {
     "rlsys.cli": {"rlsys.actors", "rlsys.config", "rlsys.engine", "rlsys.ledger",
