@@ -9,9 +9,11 @@ evaluation), and the test waits for it, bounded by the test's own timeout.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _BACKGROUND: dict[str, Any] = {}
 
 
@@ -38,8 +41,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
+        preexec_fn=_die_with_parent,
     )
     _BACKGROUND.update(proc=proc, folder=folder, log=log)
+
+
+def _die_with_parent() -> None:
+    # a pytest killed outright (no sessionfinish) must not leave minutes of CPU running
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
