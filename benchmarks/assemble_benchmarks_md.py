@@ -32,6 +32,9 @@ ORDER = [
     "gpu_job",
     "gpu_one_h200",
     "gpu_linear_split",
+    "gpu_trainer_host",
+    "gpu_engine_decode",
+    "job_ends",
 ]
 
 
