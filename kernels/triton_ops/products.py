@@ -15,7 +15,7 @@ Modes (a registry, process-wide: `RLSYS_LINEAR`, or `linear_mode()` in benchmark
   (`CUBLAS_WORKSPACE_CONFIG=:0:0`, `CUBLASLT_WORKSPACE_SIZE=0`, set by `rlsys.kernels` at
   import, before CUDA starts) and reduced-precision split reductions off, an output element
   is one in-order K loop whatever tile the heuristic picks for M. Measured bitwise for every
-  M at every preset's bf16 weight shapes (tests/kernels/test_linear_invariance_cuda.py);
+  M at every preset's bf16 weight shapes (tests/kernels/test_linear_invariance.py);
   not in fp32 (rows differ at M <= 16) and not at N off a multiple of 8 (so N is padded).
   `torch._grouped_mm` gives an expert's rows bitwise independent of the other experts' rows.
   So, in bf16/fp16: column, swiglu and the routed experts' SwiGLU run on cuBLAS / the grouped
