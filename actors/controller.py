@@ -82,6 +82,7 @@ class RunStats:
     stream_retries: int = 0  # publishes workers retried while the stream was unreachable
     stream_failed: int = 0  # rollouts ended failed_stream (the stream down past the window)
     step_retries: int = 0  # trainer steps asked again after an error (the stream unreachable)
+    ack_retries: int = 0  # acknowledgements deferred to the next step (the stream unreachable)
     started: float = field(default_factory=time.time)
 
 
@@ -324,6 +325,7 @@ class Controller:
             self.unacked = [r for r in unacked if r not in batch]
             self._on_trainer_death()
         except RayTaskError:
+            self.stats.ack_retries += 1
             self.unacked, self.discard = unacked, discard + self.discard
 
     def _step_metrics(self, report: StepReport, samples: int) -> dict[str, Any]:

@@ -238,6 +238,7 @@ def _summary(
         stream_retries=run.stream_retries,
         stream_failed=run.stream_failed,
         step_retries=run.step_retries,
+        ack_retries=run.ack_retries,
         ledger_reconnects=ledger.reconnects,
         staleness_holds=controller.planner.staleness_holds,
         replicas_dropped=run.replicas_dropped,

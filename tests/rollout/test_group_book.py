@@ -8,6 +8,11 @@ from rlsys.actors.groups import GroupBook
 pytestmark = pytest.mark.unit
 
 
+def _sift(book: GroupBook) -> None:
+    for group in book.unsifted_ready():  # as `Planner.sift` marks a group with a signal
+        group.sifted = True
+
+
 def test_ready_groups_come_out_oldest_first_and_stragglers_are_tracked():
     book = GroupBook()
     book.add("g0", 0, ["a", "b"], version=0)
@@ -18,10 +23,14 @@ def test_ready_groups_come_out_oldest_first_and_stragglers_are_tracked():
         book.scored(rid)
     book.scored("a")
     assert book.oldest_open_version() == 0  # g0 still waits for "b"
+    assert book.take_ready(5) == []  # ready, but not yet judged for a learning signal
+    assert [g.group_id for g in book.unsifted_ready()] == ["g1", "g2"]
+    _sift(book)
     assert [g.group_id for g in book.take_ready(5)] == ["g1", "g2"]
     book.failed("b", retry_id="b2")  # a lost member is replaced by its retry
     assert book.oldest_open_version() == 0 and not book.groups["g0"].ready
     book.scored("b2")
+    _sift(book)
     assert [g.group_id for g in book.take_ready(1)] == ["g0"]
     assert book.oldest_open_version() is None
 
