@@ -10,23 +10,30 @@ aborting in-flight requests, either as a state dict through the object store
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
+
+from rlsys.config.job import JobConfig
+from rlsys.control.messages import ReplicaStats
+from rlsys.engine.api import GenerationRequest, GenerationResult
+
+if TYPE_CHECKING:  # torch is imported inside the actor's process only
+    from torch import Tensor
+
+    from rlsys.engine.sync_group import Rendezvous
+    from rlsys.engine.weight_sync import BucketPlan
 
 
 @ray.remote(max_restarts=0)
 class EngineReplica:
-    def __init__(self, replica_id: str, job_config: dict[str, Any]) -> None:
+    def __init__(self, replica_id: str, cfg: JobConfig) -> None:
         import torch
 
-        from rlsys.config.job import JobConfig
         from rlsys.engine.backends import build_engine, engine_config
         from rlsys.engine.sync_group import GroupMember
 
         torch.set_num_threads(1)  # replicas share few cores with workers and the trainer
-        cfg = JobConfig.model_validate(job_config)
         self.replica_id = replica_id
         engine_cfg = engine_config(cfg)
         self.engine = build_engine(cfg)
@@ -36,7 +43,7 @@ class EngineReplica:
         self.device = engine_cfg.device if engine_cfg.tp == 1 or gpu_tp else "cpu"
         self.model_cfg = cfg.model.resolve()
         self.sync = GroupMember()
-        self.plan: Any = None  # the weight-broadcast bucket plan, once needed
+        self.plan: BucketPlan | None = None  # the weight-broadcast bucket plan, once needed
 
     def ready(self) -> str:
         return self.replica_id
@@ -44,14 +51,14 @@ class EngineReplica:
     def pid(self) -> int:
         return os.getpid()
 
-    def generate(self, request: Any) -> Any:
+    def generate(self, request: GenerationRequest) -> GenerationResult:
         return self.engine.generate(request)
 
-    def update_weights(self, state: Mapping[str, Any], version: int) -> int:
+    def update_weights(self, state: dict[str, Tensor], version: int) -> int:
         self.engine.update_weights(state, version)
         return version
 
-    def sync_join(self, rendezvous: Any, rank: int) -> int:
+    def sync_join(self, rendezvous: Rendezvous, rank: int) -> int:
         self.sync.join(rendezvous, rank)
         return rank
 
@@ -63,7 +70,7 @@ class EngineReplica:
         self.engine.update_weights(state, version)
         return version
 
-    def _sync_plan(self) -> Any:
+    def _sync_plan(self) -> BucketPlan:
         """The bucket plan both sides derive from the model's names, shapes and dtypes
         (built once, on the meta device: no memory)."""
         if self.plan is None:
@@ -76,7 +83,6 @@ class EngineReplica:
                 self.plan = plan_buckets(Transformer(self.model_cfg).state_dict())
         return self.plan
 
-    def stats(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self.engine.stats())
+    def stats(self) -> ReplicaStats:
+        s = self.engine.stats()
+        return ReplicaStats(s.prompt_tokens, s.prefix_cache_hit_tokens)

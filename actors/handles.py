@@ -7,9 +7,8 @@ surfaces as `ReplicaDead`, which is what makes the admission client migrate the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import ray
+from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from rlsys.engine.api import GenerationRequest, GenerationResult
@@ -20,7 +19,7 @@ _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
 class ReplicaGenerator:
-    def __init__(self, replica_id: str, handle: Any, timeout_s: float = 600.0) -> None:
+    def __init__(self, replica_id: str, handle: ActorHandle, timeout_s: float = 600.0) -> None:
         self.replica_id, self.handle, self.timeout_s = replica_id, handle, timeout_s
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -33,7 +32,7 @@ class ReplicaGenerator:
 
 
 class SchedulerProxy:
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: ActorHandle) -> None:
         self.handle = handle
 
     def acquire(self, session_id: str, request_id: str, attempt: int = 0) -> Ticket:

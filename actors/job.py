@@ -19,19 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlsys.actors.admission import AdmissionActor
-from rlsys.actors.controller import Controller, JobHandles
+from rlsys.actors.cluster_metrics import ClusterMetrics
 from rlsys.actors.engine_replica import EngineReplica
-from rlsys.actors.job_lifetime import JobLifetime
-from rlsys.actors.job_reporting import JobReporting
+from rlsys.actors.ray_cluster import JobHandles, RayCluster
 from rlsys.actors.rollout_worker import RolloutWorker
 from rlsys.actors.runtime import init_ray
-from rlsys.actors.step_commit import trainer_position
 from rlsys.actors.trainer_actor import TrainerActor
 from rlsys.config.job import JobConfig
 from rlsys.config.locations import resolve_ledger_url
+from rlsys.control.controller import Controller
+from rlsys.control.job_lifetime import JobLifetime
+from rlsys.control.job_reporting import JobReporting
 from rlsys.ledger.db import redact
 from rlsys.ledger.liveness import JOB_ORPHANED, JobStillRunning, effective_status, heartbeat_age_s
 from rlsys.ledger.queries import stats
@@ -75,7 +77,7 @@ def run_job(
     (solved, no learning signal, a stop, an interrupt) is returned. `on_phase` hears each
     phase of the driver's start-up by name, before it runs."""
     ledger = Ledger.open(ledger_url_for(cfg))
-    handles: JobHandles | None = None
+    cluster: RayCluster | None = None
     reporting: JobReporting | None = None
     controller: Controller | None = None
     started = time.time()
@@ -91,23 +93,20 @@ def run_job(
             life.phase("ray")
             init_ray(address, logical_cpus=_logical_cpus(cfg) + 1)
             life.phase("reporting")
-            reporting = JobReporting.open(cfg, job_id, ledger, run_dir, on_event)
+            reporting = JobReporting.open(cfg, job_id, ledger, run_dir, on_event, ClusterMetrics)
             life.phase("actors")
-            handles, make_worker, make_trainer = _start_actors(cfg, job_id, run_dir, stream_url)
+            cluster = _start_actors(cfg, job_id, run_dir, stream_url)
             checkpoint = run_dir / "checkpoint"
             if not resume:
-                _prepare_trainer(cfg, handles.trainer, checkpoint, life, on_event)
+                _prepare_trainer(cfg, cluster.h.trainer, checkpoint, life, on_event)
             life.phase("first_broadcast")
-            start = trainer_position(ray.get(handles.trainer.position.remote()))
             controller = Controller(
                 cfg,
                 job_id,
                 ledger,
-                handles,
-                make_worker,
-                make_trainer,
+                cluster,
                 run_dir=run_dir,
-                start=start,
+                start=cluster.trainer_position(),
                 on_step=reporting.wrap(on_step),
                 should_stop=lambda: _stop_requested(ledger, job_id),
             )
@@ -115,17 +114,12 @@ def run_job(
             life.phase("loop")
             started = time.time()
             life.end(*controller.run())
-        return _summary(ledger, job_id, life, controller, started)
+        return _summary(ledger, job_id, life, controller, cluster, started)
     finally:
         if reporting is not None:
             reporting.end()
-        if handles is not None:
-            for actor in [
-                *handles.workers.values(),
-                *handles.replicas.values(),
-                handles.trainer,
-                handles.admission,
-            ]:
+        if cluster is not None:
+            for actor in cluster.h.all():
                 ray.kill(actor, no_restart=True)
         ledger.close()
 
@@ -159,11 +153,8 @@ def _logical_cpus(cfg: JobConfig) -> float:
     )
 
 
-def _start_actors(
-    cfg: JobConfig, job_id: str, run_dir: Path, stream_url: str
-) -> tuple[JobHandles, Callable[[str], Any], Callable[[], Any]]:
+def _start_actors(cfg: JobConfig, job_id: str, run_dir: Path, stream_url: str) -> RayCluster:
     """The trainer, the engine replicas, the admission scheduler and the workers, ready."""
-    cfg_dict = json.loads(cfg.model_dump_json())
     make_trainer = partial(
         _make_trainer, cfg, job_id, str(run_dir / "checkpoint"), stream_url, itertools.count()
     )
@@ -175,7 +166,7 @@ def _start_actors(
             num_gpus=cfg.engine.num_gpus,
             resources=cfg.engine.resources,
             max_concurrency=256,
-        ).remote(f"replica-{i}", cfg_dict)
+        ).remote(f"replica-{i}", cfg)
         for i in range(cfg.engine.replicas)
     }
     # The admission scheduler is the control plane's singleton: it lives on the driver's
@@ -189,12 +180,12 @@ def _start_actors(
     ray.get(
         [w.ready.remote() for w in workers.values()] + [r.ready.remote() for r in replicas.values()]
     )
-    return handles, make_worker, make_trainer
+    return RayCluster(handles, cfg.engine, make_worker, make_trainer)
 
 
 def _prepare_trainer(
     cfg: JobConfig,
-    trainer: Any,
+    trainer: ActorHandle,
     checkpoint: Path,
     life: JobLifetime,
     on_event: Callable[[str], None],
@@ -213,7 +204,7 @@ def _prepare_trainer(
         on_event(f"critic pre-training: {critic.pretrain_steps} value-regression steps")
         on_event(f"critic pre-training done: {ray.get(trainer.pretrain_critic.remote())}")
     # Step 0 checkpointed: a trainer replaced before step 1 restarts warm.
-    ray.get(trainer.checkpoint.remote(str(checkpoint), {}))
+    ray.get(trainer.checkpoint.remote(str(checkpoint), None))
 
 
 def _summary(
@@ -221,11 +212,14 @@ def _summary(
     job_id: str,
     life: JobLifetime,
     controller: Controller | None,
+    cluster: RayCluster | None,
     started: float,
 ) -> dict[str, Any]:
     out = stats(ledger, job_id)
     out.update(status=life.status, end_reason=life.reason, wall_s=time.time() - started)
-    if controller is None:  # ended before the loop (an interrupt during the warm start)
+    if (
+        controller is None or cluster is None
+    ):  # ended before the loop (an interrupt during the warm start)
         return {**out, "steps": []}
     run = controller.stats
     out.update(
@@ -242,7 +236,7 @@ def _summary(
         ledger_reconnects=ledger.reconnects,
         staleness_holds=controller.planner.staleness_holds,
         replicas_dropped=run.replicas_dropped,
-        weight_groups_formed=controller.publisher.groups_formed,
+        weight_groups_formed=cluster.publisher.groups_formed,
         task_pass_rate=controller.planner.profiles.pass_rate(),
         fresh_pass_rate=controller.planner.profiles.fresh_pass_rate(),
         prompt_mix=controller.planner.profiles.mix(),
@@ -257,11 +251,11 @@ def _on_driver_node() -> NodeAffinitySchedulingStrategy:
 def _make_worker(
     cfg: JobConfig,
     job_id: str,
-    admission: Any,
-    replicas: dict[str, Any],
+    admission: ActorHandle,
+    replicas: dict[str, ActorHandle],
     stream_url: str,
     name: str,
-) -> Any:
+) -> ActorHandle:
     return RolloutWorker.options(
         name=actor_name(job_id, name),
         num_cpus=cfg.rollout.num_cpus,
@@ -271,7 +265,7 @@ def _make_worker(
         name,
         job_id,
         ledger_url_for(cfg),
-        json.loads(cfg.model_dump_json()),
+        cfg,
         admission,
         replicas,
         stream_url,
@@ -280,7 +274,7 @@ def _make_worker(
 
 def _make_trainer(
     cfg: JobConfig, job_id: str, checkpoint: str, stream_url: str, generation: Iterator[int]
-) -> Any:
+) -> ActorHandle:
     """A trainer actor (`trainer-0`, then `trainer-1`, ... for replacements), restored from
     `checkpoint` when one exists (a resume, a replacement)."""
     return TrainerActor.options(
@@ -288,7 +282,7 @@ def _make_trainer(
         num_cpus=cfg.trainer.num_cpus,
         num_gpus=cfg.trainer.num_gpus,
         resources=cfg.trainer.resources,
-    ).remote(json.loads(cfg.model_dump_json()), checkpoint, stream_url)
+    ).remote(cfg, checkpoint, stream_url)
 
 
 def actor_name(job_id: str, role: str) -> str:

@@ -24,15 +24,16 @@ import pickle
 import threading
 import time
 from functools import partial
-from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 from rlsys.actors.handles import ReplicaGenerator, SchedulerProxy
-from rlsys.actors.ledger_sink import LedgerEventBuffer
-from rlsys.actors.ledger_writer import GroupCommitWriter
-from rlsys.actors.messages import Assignment, RolloutReport
 from rlsys.algo.filters import is_penalised
+from rlsys.config.job import JobConfig
+from rlsys.control.ledger_sink import LedgerEventBuffer
+from rlsys.control.ledger_writer import GroupCommitWriter
+from rlsys.control.messages import Assignment, RolloutReport
 from rlsys.ledger.records import Transition
 from rlsys.ledger.store import Ledger
 from rlsys.ledger.stream import StreamConnectionError, publish_patiently
@@ -47,18 +48,16 @@ class RolloutWorker:
         worker_id: str,
         job_id: str,
         ledger_url: str,
-        job_config: dict[str, Any],
-        scheduler: Any,
-        replicas: dict[str, Any],
+        cfg: JobConfig,
+        scheduler: ActorHandle,
+        replicas: dict[str, ActorHandle],
         stream_url: str,
     ) -> None:
         from rlsys.actors.job_sections import scaffold_config
-        from rlsys.config.job import JobConfig
         from rlsys.ledger.stream import open_stream
         from rlsys.rollout.tasks.registry import build_task, parse_task_config
         from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
 
-        cfg = JobConfig.model_validate(job_config)
         self.worker_id, self.job_id = worker_id, job_id
         self.ledger = Ledger.open(ledger_url, create=False)
         # Concurrent rollouts' writes share transactions (see `ledger_writer`).

@@ -10,12 +10,15 @@ the timeout (dead, or busy loading weights) is left out and counted in `replicas
 
 from __future__ import annotations
 
-from typing import Any
-
 import ray
+from ray.actor import ActorHandle
+
+from rlsys.control.messages import JsonValue, ReplicaStats
 
 
-def serving_metrics(admission: Any, replicas: dict[str, Any], timeout_s: float = 5.0) -> dict:
+def serving_metrics(
+    admission: ActorHandle, replicas: dict[str, ActorHandle], timeout_s: float = 5.0
+) -> dict[str, JsonValue]:
     load_ref = admission.load_report.remote()
     refs = [r.stats.remote() for r in replicas.values()]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -23,13 +26,13 @@ def serving_metrics(admission: Any, replicas: dict[str, Any], timeout_s: float =
     reporting = 0
     for ref in ready:
         try:
-            s = ray.get(ref, timeout=0)
+            s: ReplicaStats = ray.get(ref, timeout=0)
         except Exception:  # noqa: BLE001 - a dead replica reports nothing
             continue
         reporting += 1
-        prompt += int(s["prompt_tokens"])
-        hits += int(s["prefix_cache_hit_tokens"])
-    out: dict[str, Any] = {
+        prompt += s.prompt_tokens
+        hits += s.prefix_cache_hit_tokens
+    out: dict[str, JsonValue] = {
         "prefix_cache_hit_rate": hits / prompt if prompt else 0.0,
         "replicas_reporting": reporting,
     }

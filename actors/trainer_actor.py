@@ -17,24 +17,34 @@ the weights it publishes (object store) are gathered full tensors, never shards.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
+
+from rlsys.config.job import JobConfig
+from rlsys.control.messages import StepReport, StreamPosition, TrainerPosition, WarmStartReport
+
+if TYPE_CHECKING:  # torch is imported inside the actor's process only
+    from torch import Tensor, nn
+
+    from rlsys.engine.sync_group import Rendezvous
+    from rlsys.trajectory import Trajectory
+
+StateDict = dict[str, "Tensor"]
 
 
 @ray.remote(max_restarts=0)
 class TrainerActor:
-    def __init__(self, job_config: dict[str, Any], checkpoint: str | None, stream_url: str) -> None:
+    def __init__(self, cfg: JobConfig, checkpoint: str | None, stream_url: str) -> None:
         import torch
 
         from rlsys.actors.trainer_ranks import RankGroup, build_trainer, join_group
-        from rlsys.actors.trajectory_inbox import TrajectoryInbox
-        from rlsys.config.job import JobConfig
+        from rlsys.control.trajectory_inbox import TrajectoryInbox
         from rlsys.engine.sync_group import GroupMember
         from rlsys.ledger.stream import open_stream
 
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-        self.cfg = JobConfig.model_validate(job_config)
+        self.cfg = cfg
         restore = checkpoint if checkpoint and Path(checkpoint).exists() else None
         self.ranks: RankGroup | None = None
         data_parallel = None
@@ -44,24 +54,22 @@ class TrainerActor:
         self.trainer = build_trainer(self.cfg, data_parallel)
         self.model = self.trainer.model
         self.sync = GroupMember()
-        self.resumed_position: dict[str, Any] = {}
+        self.resumed: StreamPosition | None = None
         if restore is not None:  # the followers restore the same file in their __init__
-            self.resumed_position = self.trainer.restore(restore)
+            self.resumed = StreamPosition.from_record(self.trainer.restore(restore))
         self.inbox = TrajectoryInbox(open_stream(stream_url))
         # Whatever this trainer's predecessor read and did not commit comes back to us; what
         # the checkpoint says it consumed is acked (the crash may have preceded the ack).
-        self.redelivered = self.inbox.resume(self.resumed_position.get("consumed_entries", []))
+        consumed = self.resumed.consumed_entries if self.resumed is not None else []
+        self.redelivered = self.inbox.resume(consumed)
 
-    def position(self) -> dict[str, Any]:
+    def position(self) -> TrainerPosition:
         """Where this trainer stands: step, version, and the stream position it last stored."""
-        return {
-            "step": self.trainer.step,
-            "version": self.trainer.version,
-            "stream_position": self.resumed_position,
-            "redelivered": self.redelivered,
-        }
+        return TrainerPosition(
+            self.trainer.step, self.trainer.version, self.resumed, self.redelivered
+        )
 
-    def _demonstrations(self) -> list[Any]:
+    def _demonstrations(self) -> list[Trajectory]:
         """The task's demonstrations (deterministic from the seed), made once."""
         if getattr(self, "_demos", None) is None:
             from functools import partial
@@ -84,7 +92,7 @@ class TrainerActor:
             )
         return self._demos
 
-    def warm_start(self) -> dict[str, Any]:
+    def warm_start(self) -> WarmStartReport:
         from rlsys.trainer.warm_start import supervised_warm_start
 
         ws = self.cfg.trainer.warm_start
@@ -106,25 +114,25 @@ class TrainerActor:
         )
         if self.ranks is not None:  # every rank takes its shard of the warm-started weights
             self._load_full({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        return {"demonstrations": len(demos), "nll_first": losses[0], "nll_last": losses[-1]}
+        return WarmStartReport(len(demos), losses[0], losses[-1])
 
     # ---- the data-parallel ranks (trainer.data_parallel > 1) ----------------------------------
 
-    def _full_state(self) -> dict[str, Any]:
+    def _full_state(self) -> StateDict:
         """The policy's full weights on the CPU, gathered from every rank (a collective)."""
         from rlsys.trainer.fsdp import full_state_dict
 
         assert self.ranks is not None
         return self.ranks.collective("gather", (), lambda: full_state_dict(self.model))
 
-    def _load_full(self, state: dict[str, Any]) -> None:
+    def _load_full(self, state: StateDict) -> None:
         from rlsys.trainer.fsdp import load_full_state_dict
 
         assert self.ranks is not None
         ref = ray.put(state)  # once in the object store, read by every follower
         self.ranks.collective("load_full", (ref,), lambda: load_full_state_dict(self.model, state))
 
-    def _unsharded_copy(self) -> Any:
+    def _unsharded_copy(self) -> nn.Module:
         """A plain model holding the policy's full weights: the supervised warm start runs
         on it here, on rank 0 alone (it is not a data-parallel loop)."""
         from rlsys.model.policy import build_policy
@@ -133,7 +141,7 @@ class TrainerActor:
         model.load_state_dict(self._full_state())
         return model
 
-    def pretrain_critic(self) -> dict[str, Any] | None:
+    def pretrain_critic(self) -> dict[str, float] | None:
         """`algo.critic.pretrain_steps` value-regression steps on the demonstrations."""
         from rlsys.trainer.critic_pretrain import pretrain_critic_on_demonstrations
 
@@ -146,19 +154,24 @@ class TrainerActor:
             lambda: pretrain_critic_on_demonstrations(self.trainer, demos),
         )
 
-    def step(self, rollout_ids: list[str], timeout_s: float) -> dict[str, Any]:
+    def step(self, rollout_ids: list[str], timeout_s: float) -> StepReport:
         """Train on the trajectories of `rollout_ids`, read from the stream."""
         trajectories = self.inbox.take(rollout_ids, timeout_s)
         if self.ranks is None:
-            out = self.trainer.train_step(trajectories).as_dict()
+            result = self.trainer.train_step(trajectories)
         else:  # every rank is given the same list (object store) and takes its share
-            out = self.ranks.collective(
+            result = self.ranks.collective(
                 "train_step",
                 (ray.put(trajectories),),
-                lambda: self.trainer.train_step(trajectories).as_dict(),
+                lambda: self.trainer.train_step(trajectories),
             )
-        out["entries"] = self.inbox.entry_ids(rollout_ids)
-        return out
+        return StepReport(
+            stepped=result.stepped,
+            version=result.metrics.policy_version,
+            metrics=result.metrics.as_dict(),
+            filtered=list(result.filtered),
+            entries=self.inbox.entry_ids(rollout_ids),
+        )
 
     def set_position(self, step: int, version: int) -> None:
         """Adopt the ledger's newest committed step (a checkpoint older than it lost the
@@ -175,7 +188,7 @@ class TrainerActor:
         """The ledger holds the step's outcome: acknowledge its entries (and dead ones)."""
         return self.inbox.commit(rollout_ids) + self.inbox.discard(discard)
 
-    def weights(self) -> dict[str, Any]:
+    def weights(self) -> StateDict:
         # Always CPU copies: the object store then needs no CUDA on the reader's side.
         if self.ranks is not None:  # full tensors, gathered (native model: its state dict)
             return self._full_state()
@@ -184,13 +197,13 @@ class TrainerActor:
 
     # ---- collective weight transport (engine.weight_transport: collective) --------------------
 
-    def sync_listen(self, world_size: int, generation: int, timeout_s: float) -> Any:
+    def sync_listen(self, world_size: int, generation: int, timeout_s: float) -> Rendezvous:
         from ray.util import get_node_ip_address
 
         backend = "nccl" if next(self.model.parameters()).is_cuda else "gloo"
         return self.sync.listen(get_node_ip_address(), world_size, generation, backend, timeout_s)
 
-    def sync_join(self, rendezvous: Any) -> int:
+    def sync_join(self, rendezvous: Rendezvous) -> int:
         self.sync.join(rendezvous, 0)
         return 0
 
@@ -202,11 +215,13 @@ class TrainerActor:
         state = self.model.state_dict()
         return send(state, plan_buckets(state), version)
 
-    def checkpoint(self, path: str, stream_position: dict[str, Any]) -> str:
+    def checkpoint(self, path: str, position: StreamPosition | None) -> str:
+        """Write the checkpoint, recording `position` (None: no step yet, the step-0 one)."""
+        record = position.as_record() if position is not None else {}
         if self.ranks is None:
-            return str(self.trainer.save_checkpoint(path, stream_position))
+            return str(self.trainer.save_checkpoint(path, record))
         return str(  # every rank gathers, rank 0 writes
             self.ranks.collective(
-                "checkpoint", (path,), lambda: self.trainer.save_checkpoint(path, stream_position)
+                "checkpoint", (path,), lambda: self.trainer.save_checkpoint(path, record)
             )
         )

@@ -24,14 +24,23 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import ray
+
+from rlsys.config.job import JobConfig
+
+if TYPE_CHECKING:  # torch is imported inside the actors' processes only
+    from torch import Tensor
+
+    from rlsys.trainer.data_parallel import DataParallel
+    from rlsys.trainer.trainer import Trainer
+    from rlsys.trajectory import Trajectory
 
 T = TypeVar("T")
 
 
-def build_trainer(cfg: Any, data_parallel: Any) -> Any:
+def build_trainer(cfg: JobConfig, data_parallel: DataParallel | None) -> Trainer:
     """The model and `Trainer` of one rank (every rank builds the same from the seed)."""
     import torch
 
@@ -53,7 +62,7 @@ def build_trainer(cfg: Any, data_parallel: Any) -> Any:
     )
 
 
-def join_group(cfg: Any, init_method: str, rank: int) -> Any:
+def join_group(cfg: JobConfig, init_method: str, rank: int) -> DataParallel:
     from rlsys.trainer.data_parallel import init_data_parallel
 
     device = "cuda" if cfg.trainer.num_gpus > 0 else "cpu"
@@ -66,23 +75,18 @@ def join_group(cfg: Any, init_method: str, rank: int) -> Any:
 class TrainerRank:
     """Rank `rank` > 0: holds a shard, runs what rank 0 runs, returns nothing it holds."""
 
-    def __init__(
-        self, job_config: dict[str, Any], rank: int, init_method: str, checkpoint: str | None
-    ) -> None:
+    def __init__(self, cfg: JobConfig, rank: int, init_method: str, checkpoint: str | None) -> None:
         import torch
 
-        from rlsys.config.job import JobConfig
-
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-        cfg = JobConfig.model_validate(job_config)
         self.trainer = build_trainer(cfg, join_group(cfg, init_method, rank))
         if checkpoint is not None:
             self.trainer.restore(checkpoint)
 
-    def train_step(self, trajectories: list[Any]) -> None:
+    def train_step(self, trajectories: list[Trajectory]) -> None:
         self.trainer.train_step(trajectories)
 
-    def pretrain_critic(self, demonstrations: list[Any]) -> None:
+    def pretrain_critic(self, demonstrations: list[Trajectory]) -> None:
         from rlsys.trainer.critic_pretrain import pretrain_critic_on_demonstrations
 
         pretrain_critic_on_demonstrations(self.trainer, demonstrations)
@@ -92,7 +96,7 @@ class TrainerRank:
 
         full_state_dict(self.trainer.model)
 
-    def load_full(self, state: dict[str, Any]) -> None:
+    def load_full(self, state: dict[str, Tensor]) -> None:
         from rlsys.trainer.fsdp import load_full_state_dict
 
         load_full_state_dict(self.trainer.model, state)
@@ -107,7 +111,7 @@ class TrainerRank:
 class RankGroup:
     """Rank 0's handle on its followers; `join` makes this process rank 0."""
 
-    def __init__(self, cfg: Any, checkpoint: str | None) -> None:
+    def __init__(self, cfg: JobConfig, checkpoint: str | None) -> None:
         from ray.util import get_node_ip_address
 
         self.timeout_s = cfg.trainer.data_parallel_timeout_s
@@ -118,14 +122,13 @@ class RankGroup:
             "num_gpus": cfg.trainer.num_gpus,
             "resources": cfg.trainer.resources,
         }
-        config = cfg.model_dump(mode="json")
         start = TrainerRank.options(**options).remote  # type: ignore[attr-defined]
         self.followers = [
-            start(config, rank, self.init_method, checkpoint)
+            start(cfg, rank, self.init_method, checkpoint)
             for rank in range(1, cfg.trainer.data_parallel)
         ]
 
-    def collective(self, method: str, args: tuple[Any, ...], local: Callable[[], T]) -> T:
+    def collective(self, method: str, args: tuple[object, ...], local: Callable[[], T]) -> T:
         """`method(*args)` on every follower and `local()` here, together; rank 0's result.
 
         Any failure (a rank died, a collective timed out) ends this process: see above."""
@@ -139,7 +142,7 @@ class RankGroup:
             die("a trainer rank failed in a collective")
             raise  # unreachable
 
-    def each(self, method: str, *args: Any) -> None:
+    def each(self, method: str, *args: object) -> None:
         """A call without collectives (bookkeeping) on every follower."""
         try:
             ray.get([getattr(f, method).remote(*args) for f in self.followers], timeout=60)

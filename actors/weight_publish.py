@@ -17,21 +17,22 @@ survivors and re-sends, so a replica death costs one timeout at most, not the jo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import ray
+from ray import ObjectRef
+from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from rlsys.config.job import EngineSection
 
-Replicas = dict[str, Any]
+Replicas = dict[str, ActorHandle]
 
 
 class WeightSyncFailed(RuntimeError):
     """The trainer could not deliver a version to the live replicas."""
 
 
-def _settle(refs: dict[str, Any], timeout_s: float) -> tuple[list[str], list[str], list[str]]:
+def _settle(refs: dict[str, ObjectRef], timeout_s: float) -> tuple[list[str], list[str], list[str]]:
     """Wait for every ref (bounded); returns (ok, dead, failed) keys. `dead`: the actor died
     or never answered; `failed`: it raised (alive, but its collective broke)."""
     ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
@@ -59,7 +60,7 @@ class ObjectStorePublisher:
     def __init__(self, cfg: EngineSection) -> None:
         self.timeout_s = cfg.weight_sync_timeout_s
 
-    def publish(self, trainer: Any, replicas: Replicas, version: int) -> list[str]:
+    def publish(self, trainer: ActorHandle, replicas: Replicas, version: int) -> list[str]:
         state = trainer.weights.remote()
         refs = {rid: r.update_weights.remote(state, version) for rid, r in replicas.items()}
         _, dead, failed = _settle(refs, self.timeout_s)
@@ -80,7 +81,7 @@ class CollectivePublisher:
     def groups_formed(self) -> int:
         return self.generation
 
-    def publish(self, trainer: Any, replicas: Replicas, version: int) -> list[str]:
+    def publish(self, trainer: ActorHandle, replicas: Replicas, version: int) -> list[str]:
         dead: list[str] = []
         for _ in range(3):  # a death found while forming or sending costs one more round
             live = {rid: r for rid, r in replicas.items() if rid not in dead}
@@ -99,7 +100,7 @@ class CollectivePublisher:
             f"weights v{version}: the broadcast group kept breaking (dead so far: {dead})"
         )
 
-    def _form(self, trainer: Any, live: Replicas) -> list[str] | None:
+    def _form(self, trainer: ActorHandle, live: Replicas) -> list[str] | None:
         """A new generation for `live`; None on success, else the replicas found dead."""
         self.generation += 1
         self.members = ()
@@ -114,7 +115,7 @@ class CollectivePublisher:
             self.members = tuple(live)
         return lost
 
-    def _send(self, trainer: Any, live: Replicas, version: int) -> list[str] | None:
+    def _send(self, trainer: ActorHandle, live: Replicas, version: int) -> list[str] | None:
         refs = {self.TRAINER: trainer.sync_send.remote(version)}
         refs.update({rid: r.sync_receive.remote() for rid, r in live.items()})
         lost = self._outcome(refs, live)
@@ -122,7 +123,7 @@ class CollectivePublisher:
             self.members = ()  # broken for everyone: the next round re-forms
         return lost
 
-    def _outcome(self, refs: dict[str, Any], live: Replicas) -> list[str] | None:
+    def _outcome(self, refs: dict[str, ObjectRef], live: Replicas) -> list[str] | None:
         # Collectives time out after `timeout_s` inside each member; allow for two of them
         # (the store, then the operation) before calling a silent member dead.
         ok, dead, failed = _settle(refs, 2 * self.timeout_s + 5)

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from rlsys.actors.messages import RolloutReport
 from rlsys.config.model import preset
+from rlsys.control.messages import RolloutReport
 from rlsys.engine.api import GenerationRequest, SamplingParams
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.engine import InferenceEngine

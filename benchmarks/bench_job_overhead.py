@@ -35,13 +35,13 @@ from typing import Any
 
 import redis
 
-from rlsys.actors.ledger_sink import LedgerEventBuffer
-from rlsys.actors.ledger_writer import GroupCommitWriter
-from rlsys.actors.messages import Assignment, RolloutReport
-from rlsys.actors.planner import Planner
-from rlsys.actors.step_commit import StepCommitter
-from rlsys.actors.trajectory_inbox import TrajectoryInbox
 from rlsys.config.job import JobConfig
+from rlsys.control.ledger_sink import LedgerEventBuffer
+from rlsys.control.ledger_writer import GroupCommitWriter
+from rlsys.control.messages import Assignment, RolloutReport
+from rlsys.control.planner import Planner
+from rlsys.control.step_commit import StepCommitter
+from rlsys.control.trajectory_inbox import TrajectoryInbox
 from rlsys.ledger.queries import stats
 from rlsys.ledger.records import Transition
 from rlsys.ledger.scratch import scratch_postgres_database

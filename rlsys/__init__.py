@@ -1,7 +1,7 @@
 """rlsys: asynchronous agentic RL on Ray, with a lifecycle ledger for every rollout.
 
-The distribution maps the top-level folders `ledger/`, `actors/`, `sandboxes/` and
-`kernels/` to `rlsys.ledger`, `rlsys.actors`, ... (docs/ARCHITECTURE.md, "Layout"). An installed
+The distribution maps the top-level folders `ledger/`, `actors/`, `control/`, `sandboxes/`
+and `kernels/` to `rlsys.ledger`, `rlsys.actors`, ... (docs/ARCHITECTURE.md, "Layout"). An installed
 package resolves them through that mapping; a bare source checkout on `sys.path` (what a
 Ray Jobs `working_dir` ships to a cluster) resolves them here, by adding the checkout's
 root to this package's search path.

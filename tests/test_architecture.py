@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "rlsys": "rlsys",
     "actors": "rlsys.actors",
+    "control": "rlsys.control",
     "ledger": "rlsys.ledger",
     "sandboxes": "rlsys.sandboxes",
     "kernels": "rlsys.kernels",
@@ -29,7 +30,7 @@ PACKAGES = {
 
 # Third-party module -> where it may be imported (path prefixes relative to the repo root).
 OWNERS = {
-    "ray": ("actors/", "rlsys/cli/"),
+    "ray": ("actors/", "rlsys/cli/"),  # never control/: the control core has no Ray in it
     "sqlalchemy": ("ledger/",),
     "alembic": ("ledger/",),
     "redis": ("ledger/",),
@@ -43,16 +44,20 @@ OWNERS = {
 }
 
 # The project's own packages (`rlsys.X`, whatever folder holds it) -> the packages it may
-# import (docs/ARCHITECTURE.md, "Dependency rule"): cli -> actors -> rollout -> sandboxes;
-# actors -> engine, trainer, model -> kernels; actors, trainer -> algo; everything -> types,
-# config. Leaf modules of `rlsys` (types, tokenizer, trajectory) count as packages.
+# import (docs/ARCHITECTURE.md, "Dependency rule"): cli -> actors -> control -> ledger;
+# actors -> rollout -> sandboxes; actors -> engine, trainer, model -> kernels; actors,
+# trainer -> algo; everything -> types, config. Leaf modules of `rlsys` (types, tokenizer,
+# trajectory) count as packages.
 ALLOWED_EDGES: dict[str, set[str]] = {
     "rlsys.cli": {"rlsys.actors", "rlsys.config", "rlsys.engine", "rlsys.ledger",
                   "rlsys.model", "rlsys.sandboxes", "rlsys.tracking", "rlsys.trainer",
                   "rlsys.types"},
-    "rlsys.actors": {"rlsys.algo", "rlsys.config", "rlsys.engine", "rlsys.ledger", "rlsys.model",
-                     "rlsys.rollout", "rlsys.sandboxes", "rlsys.tokenizer", "rlsys.tracking",
-                     "rlsys.trainer", "rlsys.trajectory", "rlsys.types"},
+    "rlsys.actors": {"rlsys.algo", "rlsys.config", "rlsys.control", "rlsys.engine",
+                     "rlsys.ledger", "rlsys.model", "rlsys.rollout", "rlsys.sandboxes",
+                     "rlsys.tokenizer", "rlsys.trainer", "rlsys.trajectory", "rlsys.types"},
+    # The control core: no actor, engine, trainer or model (so no Ray, no torch).
+    "rlsys.control": {"rlsys.algo.filters", "rlsys.config", "rlsys.ledger", "rlsys.tracking",
+                      "rlsys.types"},
     "rlsys.rollout": {"rlsys.config", "rlsys.engine.api", "rlsys.sandboxes", "rlsys.tokenizer",
                       "rlsys.trajectory", "rlsys.types"},
     "rlsys.sandboxes": set(),
@@ -83,6 +88,7 @@ FORBIDDEN_AT_IMPORT = {
     "rlsys.ledger": {"torch", "ray", "docker"},
     "rlsys.sandboxes": {"torch", "ray", "sqlalchemy", "redis"},
     "rlsys.rollout": {"torch", "ray", "sqlalchemy", "redis", "docker"},
+    "rlsys.control": {"torch", "ray", "docker", "vllm", "transformers"},
     "rlsys.tracking": {"torch", "ray", "sqlalchemy", "redis", "wandb", "mlflow"},
 }
 
@@ -113,7 +119,7 @@ def test_third_party_modules_are_imported_only_by_their_owning_layer():
 
 
 def test_code_imports_rlsys_subpackages_never_bare_folder_names():
-    bare = {"ledger", "kernels", "actors", "sandboxes"}
+    bare = {"ledger", "kernels", "actors", "control", "sandboxes"}
     offences = [
         f"{p.relative_to(ROOT)} imports {m}"
         for p in _source_files()
@@ -168,6 +174,8 @@ def test_the_edges_table_refuses_an_edge_outside_it():
     assert not _edge_allowed("rlsys.rollout", "rlsys.engine.engine")  # torch behind it
     assert not _edge_allowed("rlsys.sandboxes", "rlsys.rollout.scaffold")
     assert not _edge_allowed("rlsys.ledger", "rlsys.actors")
+    assert not _edge_allowed("rlsys.control", "rlsys.actors")  # Ray behind it
+    assert not _edge_allowed("rlsys.control", "rlsys.algo.objectives")  # torch behind it
 
 
 def _modules_of(import_name: str) -> list[str]:

@@ -61,7 +61,7 @@ def test_two_rank_trainer_actor_steps_publishes_and_dies_with_its_rank(
     ids = [t.rollout_id for t in trajs]
 
     actor = TrainerActor.options(num_cpus=0.5).remote(  # type: ignore[attr-defined]
-        cfg.model_dump(mode="json"), None, cfg.store.stream_url
+        cfg, None, cfg.store.stream_url
     )
     world = ray.get(
         actor.__ray_call__.remote(lambda self: self.trainer.dp.world_size), timeout=WAIT_S
@@ -72,8 +72,8 @@ def test_two_rank_trainer_actor_steps_publishes_and_dies_with_its_rank(
 
     single = build_trainer(_config(tmp_path, 1), None)
     ref = single.train_step(trajs)
-    assert out["stepped"] and out["version"] == 1
-    assert out["metrics"]["loss"] == pytest.approx(ref.metrics.loss, rel=1e-6)
+    assert out.stepped and out.version == 1
+    assert out.metrics["loss"] == pytest.approx(ref.metrics.loss, rel=1e-6)
     state = single.model.state_dict()
     assert weights.keys() == state.keys()
     for key, value in state.items():  # full, unsharded tensors
@@ -81,7 +81,7 @@ def test_two_rank_trainer_actor_steps_publishes_and_dies_with_its_rank(
         torch.testing.assert_close(weights[key], value, rtol=1e-6, atol=1e-7, msg=key)
 
     path = tmp_path / "checkpoint"
-    ray.get(actor.checkpoint.remote(str(path), {"consumed_entries": []}), timeout=WAIT_S)
+    ray.get(actor.checkpoint.remote(str(path), None), timeout=WAIT_S)
     assert load_checkpoint(path)["model"].keys() == state.keys()
 
     follower = ray.get(actor.__ray_call__.remote(lambda self: self.ranks.followers[0]))

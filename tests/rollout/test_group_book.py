@@ -3,7 +3,7 @@ group (what the staleness gate protects)."""
 
 import pytest
 
-from rlsys.actors.groups import GroupBook
+from rlsys.control.groups import GroupBook
 
 pytestmark = pytest.mark.unit
 

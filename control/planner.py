@@ -27,13 +27,13 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 
-from rlsys.actors.generation import GenerationWindow
-from rlsys.actors.groups import Group, GroupBook
-from rlsys.actors.job_end import JobEnd
-from rlsys.actors.messages import Assignment, RolloutReport
-from rlsys.actors.task_profiles import TaskProfiles
 from rlsys.algo.filters import group_has_signal, zero_variance_reason
 from rlsys.config.job import JobConfig
+from rlsys.control.generation import GenerationWindow
+from rlsys.control.groups import Group, GroupBook
+from rlsys.control.job_end import JobEnd
+from rlsys.control.messages import Assignment, RolloutReport
+from rlsys.control.task_profiles import TaskProfiles
 from rlsys.ledger.records import PlannedRollout, new_id
 from rlsys.ledger.store import Ledger
 

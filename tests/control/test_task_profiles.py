@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from rlsys.actors.task_profiles import TaskProfiles
 from rlsys.config.curriculum import CurriculumConfig
+from rlsys.control.task_profiles import TaskProfiles
 
 pytestmark = pytest.mark.unit
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rlsys.actors.groups import GroupBook
-from rlsys.actors.messages import Assignment, RolloutReport
 from rlsys.config.job import JobConfig
+from rlsys.control.groups import GroupBook
+from rlsys.control.messages import Assignment, RolloutReport
 from rlsys.ledger.reconcile import ReconcileResult, reconcile_leases, reconcile_rollouts
 from rlsys.ledger.records import new_id
 from rlsys.ledger.store import Ledger

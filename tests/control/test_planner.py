@@ -2,8 +2,8 @@
 
 import pytest
 
-from rlsys.actors.planner import Planner
-from tests.actors.conftest import job_config
+from rlsys.control.planner import Planner
+from tests.control.conftest import job_config
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +75,7 @@ def test_parked_rollouts_of_a_resumed_job_come_back_ready(ledger, job):
 
 
 def _score(planner: Planner, assignments, rewards) -> None:
-    from rlsys.actors.messages import RolloutReport
+    from rlsys.control.messages import RolloutReport
 
     for a, r in zip(assignments, rewards, strict=True):
         planner.scored(RolloutReport(a.rollout_id, "scored", "0-1", reward=r))
@@ -94,7 +94,7 @@ def test_a_group_without_signal_leaves_the_book_and_a_new_one_takes_its_place(le
 
 
 def test_a_penalised_turn_keeps_a_group_and_the_filter_off_keeps_all(ledger, job):
-    from rlsys.actors.messages import RolloutReport
+    from rlsys.control.messages import RolloutReport
 
     planner = Planner(job_config(), job, ledger)
     out = planner.plan(step=0, training=False)
@@ -132,7 +132,7 @@ def test_past_the_generation_bound_a_short_batch_goes_ahead(ledger, job):
 
 
 def test_with_nothing_informative_past_the_bound_the_job_ends_failed_or_solved(ledger, job):
-    from rlsys.actors.job_end import JobEnd
+    from rlsys.control.job_end import JobEnd
 
     planner = Planner(job_config(), job, ledger)
     planner.cfg.algo.max_generation_per_step = 2

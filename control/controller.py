@@ -1,10 +1,13 @@
-"""The driver-side loop of an RL job: the Ray edge around the controller core.
+"""The driver-side loop of an RL job, with its actors behind an injected edge.
 
-The decisions live in small Ray-free units, unit-tested in tests/actors: `Planner`
-(planning, the window, the staleness gate), `FailureHandler` (failed rollouts, task errors,
-dead workers, retries through the ledger's reconcile) and `StepCommitter` (the step's
-ledger commit, and agreeing with a restored checkpoint). This file only moves messages
-(`rlsys.actors.messages`) between them and the actors, and waits.
+The decisions live in small units, unit-tested in tests/control: `Planner` (planning, the
+window, the staleness gate), `FailureHandler` (failed rollouts, task errors, dead workers,
+retries through the ledger's reconcile) and `StepCommitter` (the step's ledger commit, and
+agreeing with a restored checkpoint). This loop moves typed messages
+(`rlsys.control.messages`) between them and the actors, and waits. The actors are reached
+only through a `JobCluster` (`rlsys.control.cluster`): Ray's is
+`rlsys.actors.ray_cluster.RayCluster`; tests/control/test_controller.py drives the loop
+through a fake one, with a real ledger. No Ray here.
 
 Data flow: workers publish scored trajectories to the rollout stream
 themselves and answer the controller with ids and states; the controller names a step's
@@ -26,7 +29,7 @@ Invariants kept here:
 - the loop ends with a named end, never a bare crash for a known cause (`JobEnd`): the
   steps done, the task solved, no learning signal, every replica dead, a systematic
   failure; `run` returns the status and reason and the driver ends the job in the ledger
-  with them (`rlsys.actors.job_lifetime`), naming a state for every live rollout.
+  with them (`rlsys.control.job_lifetime`), naming a state for every live rollout.
 """
 
 from __future__ import annotations
@@ -37,18 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ray
-from ray.exceptions import RayActorError, RayTaskError
-
-from rlsys.actors.failures import FailureHandler, Recovery, SystematicFailure
-from rlsys.actors.groups import Group
-from rlsys.actors.job_end import JobEnd, describe_crash
-from rlsys.actors.messages import Assignment, RolloutReport, StepReport, TrainerPosition
-from rlsys.actors.planner import Planner, task_index_of
-from rlsys.actors.serving_metrics import serving_metrics
-from rlsys.actors.step_commit import StepCommitter, trainer_position
-from rlsys.actors.weight_publish import make_publisher
 from rlsys.config.job import JobConfig
+from rlsys.control.cluster import ActorDied, JobCluster, Pending, TaskFailed
+from rlsys.control.failures import FailureHandler, Recovery, SystematicFailure
+from rlsys.control.groups import Group
+from rlsys.control.job_end import JobEnd, describe_crash
+from rlsys.control.messages import Assignment, StepReport, TrainerPosition
+from rlsys.control.planner import Planner, task_index_of
+from rlsys.control.step_commit import StepCommitter
 from rlsys.ledger.queries import last_trainer_step, parked_rollouts, stats, task_rewards
 from rlsys.ledger.reconcile import retry_ended
 from rlsys.ledger.records import Transition, new_id
@@ -60,14 +59,6 @@ MAX_STEP_ERRORS = 8
 # A step's trajectories are in the stream before their workers report them scored, so the
 # trainer finds them at once; the bound only turns a lost entry into an error, not a hang.
 STREAM_WAIT_S = 300.0
-
-
-@dataclass
-class JobHandles:
-    admission: Any
-    replicas: dict[str, Any]
-    workers: dict[str, Any]
-    trainer: Any
 
 
 @dataclass
@@ -94,9 +85,7 @@ class Controller:
         cfg: JobConfig,
         job_id: str,
         ledger: Ledger,
-        handles: JobHandles,
-        make_worker: Callable[[str], Any],
-        make_trainer: Callable[[], Any],
+        cluster: JobCluster,
         *,
         run_dir: Path,
         start: TrainerPosition,
@@ -104,7 +93,7 @@ class Controller:
         should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         self.cfg, self.job_id, self.ledger = cfg, job_id, ledger
-        self.h, self.make_worker, self.make_trainer = handles, make_worker, make_trainer
+        self.cluster = cluster
         self.run_dir = run_dir
         self.step, self.version = start.step, start.version
         self.on_step, self.should_stop = on_step or (lambda m: None), should_stop
@@ -117,11 +106,10 @@ class Controller:
         self.planner.version = start.version
         self.failures = FailureHandler(cfg, job_id, ledger, self.planner.book)
         self.committer = StepCommitter(ledger, job_id)
-        self.publisher = make_publisher(cfg.engine)
         self.pending: list[Assignment] = []  # not yet dispatched
-        self.running: dict[Any, tuple[str, Assignment]] = {}  # ref -> (worker, assignment)
-        self.slots: dict[str, int] = {w: 0 for w in handles.workers}
-        self.train_ref: Any = None
+        self.running: dict[Pending, tuple[str, Assignment]] = {}  # -> (worker, assignment)
+        self.slots: dict[str, int] = {w: 0 for w in cluster.workers}
+        self.train_ref: Pending | None = None
         self.train_batch: list[str] = []
         self.discard: list[str] = []  # ended untrained: the trainer acks any entry they left
         self.stats = RunStats(redelivered=start.redelivered)
@@ -146,9 +134,9 @@ class Controller:
         while the last trainer or run stopped, filtered here, cancelled mid-publish) are
         acknowledged: nothing is trained twice, and the stream is trimmed."""
         live = {r for r, *_ in parked_rollouts(self.ledger, self.job_id)}
-        orphans = [r for r in ray.get(self.h.trainer.held.remote()) if r not in live]
+        orphans = [r for r in self.cluster.trainer_held() if r not in live]
         if orphans:
-            ray.get(self.h.trainer.commit.remote([], orphans))
+            self.cluster.trainer_commit([], orphans)
 
     # -- rollouts ----------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -159,20 +147,20 @@ class Controller:
                 return
             worker = min(free, key=lambda w: self.slots[w])
             a = self.pending.pop(0)
-            self.running[self.h.workers[worker].run.remote(a)] = (worker, a)
+            self.running[self.cluster.run_rollout(worker, a)] = (worker, a)
             self.slots[worker] += 1
 
-    def _on_rollout_done(self, ref: Any) -> None:
+    def _on_rollout_done(self, ref: Pending) -> None:
         worker, a = self.running.pop(ref)
         self.slots[worker] = max(0, self.slots.get(worker, 0) - 1)
         try:
-            report: RolloutReport = ray.get(ref)
-        except RayActorError:  # the actor died (before RayTaskError: not a subclass of it)
+            report = self.cluster.rollout_result(ref)
+        except ActorDied:
             self._on_worker_death(worker, a)
             return
-        except RayTaskError as err:  # an exception inside a live worker's `run`
+        except TaskFailed as err:  # an exception inside a live worker's `run`
             self.stats.task_errors += 1
-            self._recover(self.failures.task_error(worker, a, err.cause or err))
+            self._recover(self.failures.task_error(worker, a, err.cause))
             return
         self.stats.stream_retries += report.stream_retries
         if report.state == S.SCORED.value:
@@ -215,22 +203,21 @@ class Controller:
             self.discard += [t.rollout_id for t in ends]  # the trainer acks their entries
 
     def _on_worker_death(self, worker: str, first: Assignment) -> None:
-        if worker not in self.h.workers:
+        if worker not in self.slots:
             return  # already handled for another of its in-flight rollouts
         self.stats.worker_deaths += 1
-        dead = self.h.workers.pop(worker)
-        self.slots.pop(worker, None)
-        ray.kill(dead, no_restart=True)  # a hung or half-dead actor must not come back
+        self.slots.pop(worker)
+        self.cluster.kill_worker(worker)  # before its rollouts are reconciled
         dropped = [first]
         for ref, (w, a) in list(self.running.items()):
             if w == worker:
                 del self.running[ref]
                 dropped.append(a)
         # Slots its requests held on the replicas would otherwise never be released.
-        ray.get(self.h.admission.cancel_sessions.remote([a.session_id for a in dropped]))
+        self.cluster.cancel_sessions([a.session_id for a in dropped])
         self._recover(self.failures.worker_died(worker, dropped))
         replacement = f"worker-{new_id('w')[2:10]}"
-        self.h.workers[replacement] = self.make_worker(replacement)
+        self.cluster.start_worker(replacement)
         self.slots[replacement] = 0
 
     def _recover(self, recovery: Recovery) -> None:
@@ -247,22 +234,22 @@ class Controller:
             return
         self.train_batch = [r for g in groups for r in sorted(g.scored & g.members)]
         self.committer.buffer(self.train_batch)
-        self.train_ref = self.h.trainer.step.remote(self.train_batch, STREAM_WAIT_S)
+        self.train_ref = self.cluster.train_step(self.train_batch, STREAM_WAIT_S)
 
-    def _on_step_done(self) -> None:
+    def _on_step_done(self, ref: Pending) -> None:
         batch = self.train_batch
         try:
-            report = StepReport.from_result(ray.get(self.train_ref))
+            report = self.cluster.step_result(ref)
             next_step = self.step + (1 if report.stepped else 0)
             if report.stepped and self._checkpoint_due(next_step):
                 position = self.committer.checkpoint_position(
                     next_step, report.version, batch, report
                 )
-                ray.get(self.h.trainer.checkpoint.remote(str(self._checkpoint), position))
-        except RayActorError:
+                self.cluster.checkpoint(str(self._checkpoint), position)
+        except ActorDied:
             self._on_trainer_death()
             return
-        except RayTaskError as err:
+        except TaskFailed as err:
             self._retry_step(err)
             return
         self.step_errors = 0
@@ -296,7 +283,7 @@ class Controller:
                 self._checkpoint_now()  # the solved policy, kept whatever checkpoint_every is
                 raise
 
-    def _retry_step(self, err: RayTaskError) -> None:
+    def _retry_step(self, err: TaskFailed) -> None:
         """The step raised inside a live trainer (e.g. the stream unreachable for a while):
         the trainer still holds what it read, so the same step is asked again, after a
         backoff; a persistent error ends the job."""
@@ -306,10 +293,10 @@ class Controller:
             raise JobEnd(
                 "failed",
                 f"the trainer's step failed {MAX_STEP_ERRORS} times in a row; last: "
-                + describe_crash(err.cause or err),
+                + describe_crash(err.cause),
             ) from err
         time.sleep(min(10.0, 0.5 * 2 ** (self.step_errors - 1)))
-        self.train_ref = self.h.trainer.step.remote(self.train_batch, STREAM_WAIT_S)
+        self.train_ref = self.cluster.train_step(self.train_batch, STREAM_WAIT_S)
 
     def _ack(self, batch: list[str]) -> None:
         """The ledger holds the step: the trainer may now acknowledge its entries. An ack
@@ -318,13 +305,13 @@ class Controller:
         unacked, self.unacked = self.unacked + batch, []
         discard, self.discard = self.discard, []
         try:
-            ray.get(self.h.trainer.commit.remote(unacked, discard))
-        except RayActorError:
+            self.cluster.trainer_commit(unacked, discard)
+        except ActorDied:
             # The checkpoint records the step's entries: the next trainer acks them; older
             # unacked ones are redelivered to it and acked at its first commit.
             self.unacked = [r for r in unacked if r not in batch]
             self._on_trainer_death()
-        except RayTaskError:
+        except TaskFailed:
             self.stats.ack_retries += 1
             self.unacked, self.discard = unacked, discard + self.discard
 
@@ -343,7 +330,7 @@ class Controller:
             "policy_version": self.version,
             "drop_rate": stats(self.ledger, self.job_id)["drop_rate"],
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
-            "serving": serving_metrics(self.h.admission, self.h.replicas),
+            "serving": self.cluster.serving_metrics(),
         }
 
     @property
@@ -359,8 +346,8 @@ class Controller:
         empty = StepReport(False, self.version, {})
         position = self.committer.checkpoint_position(self.step, self.version, [], empty)
         try:
-            ray.get(self.h.trainer.checkpoint.remote(str(self._checkpoint), position))
-        except RayActorError:
+            self.cluster.checkpoint(str(self._checkpoint), position)
+        except ActorDied:
             return  # the resume starts from the last checkpoint and the ledger's step
 
     def _agree_on_step(self, start: TrainerPosition) -> None:
@@ -375,15 +362,13 @@ class Controller:
         committed = last_trainer_step(self.ledger, self.job_id)
         if committed is not None and committed[0] > self.step:
             self.step, self.version = committed
-            ray.get(self.h.trainer.set_position.remote(self.step, self.version))
+            self.cluster.set_trainer_position(self.step, self.version)
         self.planner.version = self.version
 
     def _on_trainer_death(self) -> None:
         """Kill the old trainer, start one from the checkpoint, redo what was not committed."""
         self.stats.trainer_restarts += 1
-        ray.kill(self.h.trainer, no_restart=True)
-        self.h.trainer = self.make_trainer()
-        start = trainer_position(ray.get(self.h.trainer.position.remote()))
+        start = self.cluster.replace_trainer()
         self.stats.redelivered += start.redelivered
         recovered = set(self.committer.recover(start))
         self._agree_on_step(start)
@@ -393,7 +378,7 @@ class Controller:
         self._ack_orphans()
         if batch:  # the unfinished step, redone on the same rollouts (still `buffered`)
             self.train_batch = batch
-            self.train_ref = self.h.trainer.step.remote(batch, STREAM_WAIT_S)
+            self.train_ref = self.cluster.train_step(batch, STREAM_WAIT_S)
         self.broadcast_weights()
 
     def broadcast_weights(self) -> None:
@@ -404,15 +389,14 @@ class Controller:
         is replaced first.
         """
         try:
-            dropped = self.publisher.publish(self.h.trainer, self.h.replicas, self.version)
-        except RayActorError:
+            dropped = self.cluster.publish_weights(self.version)
+        except ActorDied:
             self._on_trainer_death()
             return
         for rid in dropped:
-            del self.h.replicas[rid]
-            ray.get(self.h.admission.mark_dead.remote(rid))
+            self.cluster.drop_replica(rid)
             self.stats.replicas_dropped.append(rid)
-        if not self.h.replicas:
+        if not self.cluster.replicas:
             raise JobEnd("failed", "every engine replica has died")
 
     # -- the loop ----------------------------------------------------------------------------
@@ -441,10 +425,9 @@ class Controller:
             refs = list(self.running) + ([self.train_ref] if self.train_ref is not None else [])
             if not refs:
                 raise JobEnd("failed", "nothing in flight and no step possible")
-            done, _ = ray.wait(refs, num_returns=1, timeout=1.0)
-            for ref in done:
+            for ref in self.cluster.wait(refs, timeout_s=1.0):
                 if self.train_ref is not None and ref == self.train_ref:
-                    self._on_step_done()
+                    self._on_step_done(ref)
                 elif ref in self.running:
                     self._on_rollout_done(ref)
         return "completed", f"{self.step} steps"
@@ -457,6 +440,6 @@ class Controller:
 
     def _shutdown_inflight(self) -> None:
         for ref in list(self.running):
-            ray.cancel(ref, force=False)
+            self.cluster.cancel(ref)
         if self.train_ref is not None:
-            ray.cancel(self.train_ref, force=False)
+            self.cluster.cancel(self.train_ref)

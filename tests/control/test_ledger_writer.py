@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from rlsys.actors.ledger_writer import GroupCommitWriter
-from rlsys.actors.planner import Planner
+from rlsys.control.ledger_writer import GroupCommitWriter
+from rlsys.control.planner import Planner
 from rlsys.ledger.errors import TransitionConflict
 from rlsys.ledger.records import Event, Transition
 from rlsys.types import RolloutState as S
-from tests.actors.conftest import job_config
+from tests.control.conftest import job_config
 
 pytestmark = pytest.mark.unit
 

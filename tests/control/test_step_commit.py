@@ -2,12 +2,12 @@
 
 import pytest
 
-from rlsys.actors.messages import Filtered, StepReport, TrainerPosition
-from rlsys.actors.planner import Planner
-from rlsys.actors.step_commit import StepCommitter, trainer_position
+from rlsys.control.messages import Filtered, StepReport, StreamPosition, TrainerPosition
+from rlsys.control.planner import Planner
+from rlsys.control.step_commit import StepCommitter
 from rlsys.ledger.records import Transition
 from rlsys.types import RolloutState as S
-from tests.actors.conftest import job_config
+from tests.control.conftest import job_config
 
 pytestmark = pytest.mark.unit
 
@@ -36,9 +36,10 @@ def test_a_checkpoint_ahead_of_the_ledger_is_recovered_without_training_again(le
     report = StepReport(True, 1, {}, [], entries=["0-1", "0-2"])
     position = committer.checkpoint_position(1, 1, ids[:2], report)
     # The trainer died after checkpointing, before the ledger commit: a new controller
-    # (or the replaced trainer) reads the checkpoint back.
-    start = trainer_position({"step": 1, "version": 1, "stream_position": position})
-    assert start.consumed_entries == ["0-1", "0-2"]
+    # (or the replaced trainer) reads the checkpoint's record back.
+    stored = StreamPosition.from_record(position.as_record())
+    assert stored == position and stored.consumed_entries == ["0-1", "0-2"]
+    start = TrainerPosition(1, 1, checkpoint=stored)
     assert StepCommitter(ledger, job).recover(start) == ids[:2]
     assert [ledger.rollout_state(r) for r in ids] == ["trained", "trained", "scored", "scored"]
     assert StepCommitter(ledger, job).recover(start) == []  # idempotent

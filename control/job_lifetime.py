@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
-from rlsys.actors.job_end import JobEnd, JobStatus, describe_crash
+from rlsys.control.job_end import JobEnd, JobStatus, describe_crash
 from rlsys.ledger.reconcile import finish_job
 from rlsys.ledger.store import Ledger
 

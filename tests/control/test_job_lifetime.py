@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from rlsys.actors.job_end import JobEnd
-from rlsys.actors.job_lifetime import JobLifetime
+from rlsys.control.job_end import JobEnd
+from rlsys.control.job_lifetime import JobLifetime
 from rlsys.ledger.queries import stats
 from rlsys.ledger.records import PlannedRollout
 

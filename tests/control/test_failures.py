@@ -3,13 +3,13 @@ ledger's reconcile, attempts counted along the chain. Real SQLite ledger; no Ray
 
 import pytest
 
-from rlsys.actors.failures import FailureHandler, SystematicFailure
-from rlsys.actors.messages import RolloutReport
-from rlsys.actors.planner import Planner
+from rlsys.control.failures import FailureHandler, SystematicFailure
+from rlsys.control.messages import RolloutReport
+from rlsys.control.planner import Planner
 from rlsys.ledger.queries import show
 from rlsys.ledger.records import Transition
 from rlsys.types import RolloutState as S
-from tests.actors.conftest import job_config
+from tests.control.conftest import job_config
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from rlsys.actors.trajectory_inbox import MissingTrajectories, TrajectoryInbox
+from rlsys.control.trajectory_inbox import MissingTrajectories, TrajectoryInbox
 
 pytestmark = pytest.mark.unit
 

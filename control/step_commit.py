@@ -18,9 +18,8 @@ No Ray here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from rlsys.actors.messages import Filtered, StepReport, TrainerPosition
+from rlsys.control.messages import Filtered, StepReport, StreamPosition, TrainerPosition
 from rlsys.ledger.records import Transition
 from rlsys.ledger.store import Ledger
 from rlsys.types import RolloutState as S
@@ -38,18 +37,18 @@ class StepCommitter:
 
     def checkpoint_position(
         self, step: int, version: int, rollout_ids: Sequence[str], report: StepReport
-    ) -> dict[str, Any]:
+    ) -> StreamPosition:
         """What the trainer's checkpoint records about the stream (see `recover`)."""
-        return {
-            "step": step,
-            "version": version,
-            "job_id": self.job_id,
-            "consumed_rollouts": list(rollout_ids),
-            "consumed_entries": list(report.entries),
-            "filtered": [[f.rollout_id, f.state, f.reason] for f in report.filtered],
-            "stepped": report.stepped,
-            "metrics": report.metrics,
-        }
+        return StreamPosition(
+            step=step,
+            version=version,
+            job_id=self.job_id,
+            consumed_rollouts=list(rollout_ids),
+            consumed_entries=list(report.entries),
+            filtered=list(report.filtered),
+            stepped=report.stepped,
+            metrics=dict(report.metrics),
+        )
 
     def commit(self, rollout_ids: Sequence[str], filtered: Sequence[Filtered], version: int) -> int:
         """End the batch: `trained` at `version`, or the named filtered state. Returns how
@@ -68,31 +67,17 @@ class StepCommitter:
     def recover(self, position: TrainerPosition) -> list[str]:
         """End what a restored checkpoint consumed but the ledger never recorded; returns
         those rollout ids."""
+        stored = position.checkpoint
+        if stored is None:
+            return []
         live = {S.SCORED.value, S.BUFFERED.value}
-        todo = [r for r in position.consumed_rollouts if self.ledger.rollout_state(r) in live]
+        todo = [r for r in stored.consumed_rollouts if self.ledger.rollout_state(r) in live]
         if todo:
-            if position.stepped:
-                metrics = {**position.metrics, "recovered_from_checkpoint": True}
-                self.ledger.record_trainer_step(
-                    self.job_id, position.step, position.version, metrics
-                )
+            if stored.stepped:
+                metrics = {**stored.metrics, "recovered_from_checkpoint": True}
+                self.ledger.record_trainer_step(self.job_id, stored.step, stored.version, metrics)
             for r in todo:
                 if self.ledger.rollout_state(r) == S.SCORED.value:
                     self.buffer([r])
-            self.commit(todo, position.filtered, position.version)
+            self.commit(todo, stored.filtered, stored.version)
         return todo
-
-
-def trainer_position(raw: dict[str, Any]) -> TrainerPosition:
-    """From `TrainerActor.position()`: the checkpoint's step/version and stream record."""
-    stored = raw.get("stream_position") or {}
-    return TrainerPosition(
-        step=int(raw["step"]),
-        version=int(raw["version"]),
-        consumed_rollouts=list(stored.get("consumed_rollouts", [])),
-        consumed_entries=list(stored.get("consumed_entries", [])),
-        filtered=[Filtered(*f) for f in stored.get("filtered", [])],
-        stepped=bool(stored.get("stepped", False)),
-        metrics=dict(stored.get("metrics", {})),
-        redelivered=int(raw.get("redelivered", 0)),
-    )

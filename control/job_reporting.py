@@ -8,11 +8,10 @@ and the run goes on (trackers isolate their own failures, see `TrackerSet`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from rlsys.actors.cluster_metrics import ClusterMetrics
 from rlsys.config.job import JobConfig
 from rlsys.ledger.db import redact
 from rlsys.ledger.queries import stats
@@ -23,13 +22,25 @@ from rlsys.tracking.tracker_set import TrackerSet
 StepCallback = Callable[[dict[str, Any]], None]
 
 
+class MetricsRecorder(Protocol):
+    """Where the job's state goes as cluster metrics (Ray's: `rlsys.actors.cluster_metrics`)."""
+
+    def record(self, step_metrics: Mapping[str, Any] | None, stats: Mapping[str, Any]) -> None:
+        """One trainer step (or, with `step_metrics` None, the job's end)."""
+        ...
+
+
+# (job id, the ledger's terminal counts when the job (re)started) -> a recorder
+MetricsFactory = Callable[[str, Mapping[str, int]], MetricsRecorder]
+
+
 class JobReporting:
     def __init__(
         self,
         job_id: str,
         ledger: Ledger,
         trackers: TrackerSet,
-        metrics: ClusterMetrics,
+        metrics: MetricsRecorder,
         on_event: Callable[[str], None],
     ) -> None:
         self.job_id, self.ledger, self.on_event = job_id, ledger, on_event
@@ -43,12 +54,13 @@ class JobReporting:
         ledger: Ledger,
         run_dir: Path,
         on_event: Callable[[str], None],
+        cluster_metrics: MetricsFactory,
     ) -> JobReporting:
         """Open every configured tracker (raises on a bad one) and the cluster metrics."""
         config = _without_passwords(ledger.get_job(job_id)["config"])
         info = RunInfo(job_id=job_id, name=cfg.name, config=config, run_dir=run_dir)
         trackers = TrackerSet.open(cfg.tracking, info, on_event)
-        metrics = ClusterMetrics(job_id, stats(ledger, job_id)["terminal"])
+        metrics = cluster_metrics(job_id, stats(ledger, job_id)["terminal"])
         return cls(job_id, ledger, trackers, metrics, on_event)
 
     def wrap(self, on_step: StepCallback | None) -> StepCallback:
