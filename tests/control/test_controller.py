@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rlsys.control.cluster import Pending
+from rlsys.control.cluster import ActorDied, Pending
 from rlsys.control.controller import Controller
 from rlsys.control.job_lifetime import JobLifetime
 from rlsys.control.messages import (
@@ -44,17 +44,20 @@ class FakeCluster:
     `trainer_first` a step before any rollout (rollouts are then in flight when it ends). `log` keeps every call that reaches an actor, in order, with
     what the ledger held at that moment."""
 
-    def __init__(self, ledger: Ledger, *, trainer_first: bool = False) -> None:
-        self.ledger, self.trainer_first = ledger, trainer_first
+    def __init__(self, ledger: Ledger, job_id: str, *, trainer_first: bool = False) -> None:
+        self.ledger, self.job_id, self.trainer_first = ledger, job_id, trainer_first
         self.log: list[tuple[str, Any]] = []
         self.cancelled: list[Pending] = []
         self.fail_publish_at: int | None = None  # a version whose publication raises
+        self.dies: str | None = None  # a worker that dies at its first answer
         self._workers = ["worker-0", "worker-1"]
         self._replicas = ["replica-0"]
         self._ids = itertools.count()
         self._work: dict[Pending, tuple[str, Any]] = {}
         self._passed: set[str] = set()  # groups whose passing member was scored
         self._version = 0
+        for worker in self._workers:
+            self.start_worker(worker)
 
     def _submit(self, kind: str, payload: Any) -> Pending:
         ref = next(self._ids)
@@ -70,26 +73,33 @@ class FakeCluster:
         return list(self._workers)
 
     def run_rollout(self, worker: str, assignment: Assignment) -> Pending:
-        return self._submit("rollout", assignment)
+        rid = assignment.rollout_id  # the worker takes it at once, as a real one does
+        self.ledger.apply(
+            [Transition(rid, S.ADMITTED, updates={"owner": worker}), Transition(rid, S.RUNNING)]
+        )
+        return self._submit("rollout", (worker, assignment))
 
     def rollout_result(self, pending: Pending) -> RolloutReport:
-        a: Assignment = self._work.pop(pending)[1]
+        worker, a = self._work.pop(pending)[1]
+        if worker == self.dies:
+            raise ActorDied(f"{worker} died")
         reward = 0.0 if a.group_id in self._passed else 1.0
         self._passed.add(a.group_id)
-        self.ledger.apply(
-            [
-                Transition(a.rollout_id, S.ADMITTED),
-                Transition(a.rollout_id, S.RUNNING),
-                Transition(a.rollout_id, S.SCORED, updates={"reward": reward}),
-            ]
-        )
+        self.ledger.apply([Transition(a.rollout_id, S.SCORED, updates={"reward": reward})])
         return RolloutReport(a.rollout_id, S.SCORED.value, f"e-{a.rollout_id}", reward)
 
     def kill_worker(self, worker: str) -> None:
+        # What the dead worker had started is still `running` under it in the ledger:
+        # the kill comes before the reconcile that ends those rollouts.
+        mine = [a for w, a in (p for k, p in self._work.values() if k == "rollout") if w == worker]
+        self.log.append(("kill", (worker, self._states([a.rollout_id for a in mine]))))
         self._workers.remove(worker)
 
     def start_worker(self, worker: str) -> None:
-        self._workers.append(worker)
+        self.ledger.heartbeat(worker, self.job_id, lease_s=60.0)  # as a worker's __init__
+        self.log.append(("start", worker))
+        if worker not in self._workers:
+            self._workers.append(worker)
 
     def cancel_sessions(self, session_ids: Sequence[str]) -> None:
         self.log.append(("cancel_sessions", list(session_ids)))
@@ -160,7 +170,7 @@ def _kinds(log: list[tuple[str, Any]], *kinds: str) -> list[tuple[str, Any]]:
 
 
 def test_steps_run_in_order_one_at_a_time_each_on_a_buffered_batch(ledger, job, tmp_path):
-    cluster = FakeCluster(ledger)
+    cluster = FakeCluster(ledger, job)
     assert _controller(ledger, job, cluster, tmp_path).run() == ("completed", f"{STEPS} steps")
     # One step in flight at a time (a second batch is ready while the first trains): each
     # is acked and its weights published before the next is asked for; versions go up by
@@ -176,7 +186,7 @@ def test_steps_run_in_order_one_at_a_time_each_on_a_buffered_batch(ledger, job, 
 
 
 def test_a_step_is_committed_in_the_ledger_before_its_entries_are_acked(ledger, job, tmp_path):
-    cluster = FakeCluster(ledger)
+    cluster = FakeCluster(ledger, job)
     _controller(ledger, job, cluster, tmp_path).run()
     acks = [payload for _, payload in _kinds(cluster.log, "ack")]
     assert len(acks) == STEPS
@@ -188,7 +198,7 @@ def test_a_step_is_committed_in_the_ledger_before_its_entries_are_acked(ledger, 
 def test_a_raise_inside_the_loop_ends_the_job_failed_with_every_rollout_terminal(
     ledger, job, tmp_path
 ):
-    cluster = FakeCluster(ledger, trainer_first=True)
+    cluster = FakeCluster(ledger, job, trainer_first=True)
     cluster.fail_publish_at = 2  # a crash (not a named end) after the second step
     controller = _controller(ledger, job, cluster, tmp_path)
     with pytest.raises(RuntimeError, match="weights v2 lost"):  # as `run_job` runs the loop
@@ -205,3 +215,20 @@ def test_a_raise_inside_the_loop_ends_the_job_failed_with_every_rollout_terminal
     assert accounting["expected"] > 0
     assert accounting["in_flight"] == 0 and accounting["lost"] == 0
     assert sum(accounting["terminal"].values()) == accounting["expected"]
+
+
+def test_a_dead_worker_is_killed_before_its_rollouts_are_retried_and_replaced(
+    ledger, job, tmp_path
+):
+    cluster = FakeCluster(ledger, job)
+    cluster.dies = "worker-0"
+    controller = _controller(ledger, job, cluster, tmp_path)
+    assert controller.run() == ("completed", f"{STEPS} steps")
+    kills = [payload for _, payload in _kinds(cluster.log, "kill")]
+    assert len(kills) == 1 and kills[0][0] == "worker-0"
+    assert kills[0][1] == {"running"}  # killed before the reconcile ended its rollouts
+    assert [w for _, w in _kinds(cluster.log, "start")][-1] in cluster.workers
+    assert "worker-0" not in cluster.workers and len(cluster.workers) == 2
+    assert controller.stats.worker_deaths == 1
+    accounting = stats(ledger, job)
+    assert accounting["terminal"]["failed_worker_lost"] > 0 and accounting["retries"] > 0
