@@ -78,7 +78,7 @@ class RunStats:
 
 
 class Controller:
-    """Runs one job to completion (or to a stop request) against live actors."""
+    """Runs one job to completion (or to a stop request) against the actors of `cluster`."""
 
     def __init__(
         self,

@@ -1,4 +1,7 @@
-"""Typed messages between the controller, the rollout workers and the trainer actor.
+"""Typed messages between the actors of a job: the controller, the rollout workers, the
+trainer and the engine replicas (docs/ARCHITECTURE.md, "Dependency rule": nothing crosses
+an actor boundary as a bare dict). The trainer's checkpoint stores `StreamPosition` in its
+record form (`as_record`), read back with `from_record`.
 
 Invariant: no message carries token arrays. Trajectories travel worker -> stream ->
 trainer; the controller sees rollout ids, states and a few numbers, so what crosses the
