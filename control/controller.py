@@ -276,12 +276,16 @@ class Controller:
         self.broadcast_weights()
         self.stats.steps.append(metrics)
         self.on_step({**metrics, "job_id": self.job_id})
-        if self.step < self.cfg.trainer.steps:
-            try:
-                self.planner.raise_if_solved()
-            except JobEnd:
-                self._checkpoint_now()  # the solved policy, kept whatever checkpoint_every is
-                raise
+
+    def _end_if_solved(self) -> None:
+        """End the job `completed` (solved) once the task's pass rate reaches its goal, with
+        the solved policy checkpointed whatever `checkpoint_every` is. Called with no step in
+        flight: the weights are then exactly the committed steps'."""
+        try:
+            self.planner.raise_if_solved()
+        except JobEnd:
+            self._checkpoint_now()
+            raise
 
     def _retry_step(self, err: TaskFailed) -> None:
         """The step raised inside a live trainer (e.g. the stream unreachable for a while):
@@ -419,6 +423,10 @@ class Controller:
         while self.step < self.cfg.trainer.steps:
             if self._stop_requested():
                 raise JobEnd("stopped", "stop requested (rlsys jobs stop)")
+            if self.train_ref is None:
+                # Checked as each rollout is scored, not only after a step: once the evidence
+                # is in, more groups of solved prompts would only be filtered as zero-variance.
+                self._end_if_solved()
             self.pending += self.planner.plan(step=self.step, training=self.train_ref is not None)
             self._dispatch()
             self._maybe_start_step()

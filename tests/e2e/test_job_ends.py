@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -97,6 +98,27 @@ def test_a_job_without_learning_signal_ends_failed_in_bounded_time(tiny_job_file
     assert stats["lost"] == 0 and stats["in_flight"] == 0
     assert stats["terminal"]["trained"] == 0
     assert stats["terminal"]["filtered_zero_variance"] >= 4 * 4  # sifted by the controller
+
+
+def test_a_solved_task_set_ends_the_job_completed_as_soon_as_the_evidence_is_in(tiny_job):
+    # One prompt, and every reward counts as a pass: the first four scored rollouts retire
+    # the prompt and solve the set. The job must end there, `completed` (solved), before a
+    # trainer step (two groups make a step): generating on would only burn rollouts.
+    cfg = tiny_job(
+        30,
+        "rollout.curriculum.task_set=1",
+        "rollout.curriculum.pass_reward=-100",
+        "trainer.checkpoint_every=1000",
+    )
+    summary = run_job(cfg, job_id="j-solved", on_event=lambda s: None)
+    assert summary["status"] == "completed", summary
+    assert summary["end_reason"] == "solved: pass rate 1.000 >= 0.95 over 1 prompts"
+    assert summary["terminal"]["trained"] == 0  # ended before any step, not after one
+    assert summary["lost"] == 0 and summary["in_flight"] == 0
+    job, live = _job_row(cfg, "j-solved")
+    assert job["status"] == "completed" and live == 0
+    checkpoint = Path(cfg.store.run_root) / "j-solved" / "checkpoint"
+    assert checkpoint.exists()  # the solved policy is kept, whatever checkpoint_every is
 
 
 def test_a_killed_driver_is_seen_orphaned_reaped_and_resumed(tiny_job_file, tmp_path):
