@@ -34,6 +34,7 @@ from rlsys.config.locations import resolve_ledger_url
 from rlsys.control.controller import Controller
 from rlsys.control.job_lifetime import JobLifetime
 from rlsys.control.job_reporting import JobReporting
+from rlsys.control.messages import WarmStartReport
 from rlsys.ledger.db import redact
 from rlsys.ledger.liveness import JOB_ORPHANED, JobStillRunning, effective_status, heartbeat_age_s
 from rlsys.ledger.queries import stats
@@ -198,7 +199,11 @@ def _prepare_trainer(
     if cfg.trainer.warm_start.steps:
         life.phase("warm_start")
         on_event(f"warm start: {cfg.trainer.warm_start.steps} supervised steps on demonstrations")
-        on_event(f"warm start done: {ray.get(trainer.warm_start.remote())}")
+        report: WarmStartReport = ray.get(trainer.warm_start.remote())
+        on_event(
+            f"warm start done: {report.demonstrations} demonstrations, "
+            f"NLL {report.nll_first:.3f} -> {report.nll_last:.3f}"
+        )
     if pretrain_critic:
         life.phase("critic_pretrain")
         on_event(f"critic pre-training: {critic.pretrain_steps} value-regression steps")
