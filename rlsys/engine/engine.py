@@ -11,14 +11,14 @@ error, or aborted by `close`); a weight update never aborts an in-flight request
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any
 
 from torch import Tensor
 
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
+from rlsys.engine.command_queue import CommandQueue
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineCore, EngineStats
 from rlsys.engine.runners import make_runner
@@ -40,10 +40,13 @@ class InferenceEngine:
         runner = make_runner(model_cfg, self.cfg, state)
         self.core = EngineCore(model_cfg, self.cfg, runner, version, tokenizer)
         self._futures: dict[str, Future[GenerationResult]] = {}
-        self._commands: list[Callable[[], None]] = []
-        self._wake = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="rlsys-engine", daemon=True)
+        self._queue = CommandQueue()
+        self._thread = threading.Thread(
+            target=self._queue.serve,
+            args=(self.core.has_work, self._step),
+            name="rlsys-engine",
+            daemon=True,
+        )
         self._thread.start()
 
     # ---- public API --------------------------------------------------------------------
@@ -68,7 +71,7 @@ class InferenceEngine:
             else:
                 self._futures[request.request_id] = future
 
-        self._command(add)
+        self._queue.submit(add)
         return future
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -77,14 +80,14 @@ class InferenceEngine:
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its `generate` returns finish_reason="abort". False if unknown."""
-        return bool(self._call(lambda: self._resolve(self.core.abort(request_id))))
+        return bool(self._queue.call(lambda: self._resolve(self.core.abort(request_id))))
 
     def update_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Load weights as `version` between two steps; blocks until they are in use."""
-        self._call(lambda: self.core.update_weights(state, version))
+        self._queue.call(lambda: self.core.update_weights(state, version))
 
     def stats(self) -> EngineStats:
-        return self._call(self.core.stats)
+        return self._queue.call(self.core.stats)
 
     @property
     def version(self) -> int:
@@ -92,14 +95,8 @@ class InferenceEngine:
 
     def close(self) -> None:
         """Stop the loop; requests still in flight finish with finish_reason="abort"."""
-        with self._wake:
-            if self._closed:
-                return
-            self._closed = True
-            self._wake.notify()
-        self._thread.join()
-        for command in self._commands:  # accepted before close: run, then abort below
-            command()
+        if not self._queue.close(self._thread):  # runs the commands accepted before it
+            return
         for seq in [*self.core.running, *self.core.waiting]:
             self._resolve(self.core.abort(seq.request.request_id))
         self.core.runner.close()
@@ -112,26 +109,6 @@ class InferenceEngine:
 
     # ---- scheduler thread --------------------------------------------------------------
 
-    def _command(self, fn: Callable[[], None]) -> None:
-        with self._wake:
-            if self._closed:
-                raise RuntimeError("engine is closed")
-            self._commands.append(fn)
-            self._wake.notify()
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` on the scheduler thread between steps and return its value."""
-        done: Future[Any] = Future()
-
-        def run() -> None:
-            try:
-                done.set_result(fn())
-            except Exception as err:
-                done.set_exception(err)
-
-        self._command(run)
-        return done.result()
-
     def _resolve(self, result: GenerationResult | None) -> GenerationResult | None:
         if result is not None:
             future = self._futures.pop(result.request_id, None)
@@ -139,16 +116,6 @@ class InferenceEngine:
                 future.set_result(result)
         return result
 
-    def _loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._commands and not self.core.has_work() and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-                commands, self._commands = self._commands, []
-            for command in commands:
-                command()
-            if self.core.has_work():
-                for result in self.core.step():
-                    self._resolve(result)
+    def _step(self) -> None:
+        for result in self.core.step():
+            self._resolve(result)

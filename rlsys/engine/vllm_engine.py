@@ -29,7 +29,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ from typing import Any
 from torch import Tensor
 
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
+from rlsys.engine.command_queue import CommandQueue
 from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineStats
 from rlsys.engine.validation import request_error
@@ -135,12 +136,15 @@ class VllmEngine:
         limit = engine_cfg.sample_vocab
         self.allowed = list(range(limit)) if limit and limit < self.vocab_size else None
         self._pending: dict[str, _Pending] = {}
-        self._commands: list[Callable[[], None]] = []
-        self._wake = threading.Condition()
-        self._closed = False
+        self._queue = CommandQueue()
         self.steps = self.generated_tokens = self.prompt_tokens = self.hit_tokens = 0
         self._busy_s = 0.0
-        self._thread = threading.Thread(target=self._loop, name="rlsys-vllm", daemon=True)
+        self._thread = threading.Thread(
+            target=self._queue.serve,
+            args=(lambda: bool(self._pending), self._step),
+            name="rlsys-vllm",
+            daemon=True,
+        )
         self._thread.start()
 
     # ---- public API --------------------------------------------------------------------
@@ -148,7 +152,7 @@ class VllmEngine:
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Run one request to completion (blocking; safe from many threads)."""
         future: Future[GenerationResult] = Future()
-        self._command(lambda: self._add(request, future))
+        self._queue.submit(lambda: self._add(request, future))
         return future.result()
 
     def update_weights(self, state: Mapping[str, Tensor], version: int) -> None:
@@ -165,18 +169,14 @@ class VllmEngine:
             self.llm.reset_prefix_cache(reset_running_requests=True)
             self.version = version
 
-        self._call(load)
+        self._queue.call(load)
 
     def stats(self) -> EngineStats:
-        return self._call(self._stats)
+        return self._queue.call(self._stats)
 
     def close(self) -> None:
-        with self._wake:
-            if self._closed:
-                return
-            self._closed = True
-            self._wake.notify()
-        self._thread.join()
+        if not self._queue.close(self._thread):  # runs the commands accepted before it
+            return
         for pending in list(self._pending.values()):
             self._finish(pending, "abort")
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
@@ -254,46 +254,17 @@ class VllmEngine:
         self.hit_tokens += pending.result.prefix_cache_hit_tokens
         pending.future.set_result(pending.result)
 
-    def _command(self, fn: Callable[[], None]) -> None:
-        with self._wake:
-            if self._closed:
-                raise RuntimeError("engine is closed")
-            self._commands.append(fn)
-            self._wake.notify()
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        done: Future[Any] = Future()
-
-        def run() -> None:
-            try:
-                done.set_result(fn())
-            except Exception as err:
-                done.set_exception(err)
-
-        self._command(run)
-        return done.result()
-
-    def _loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._commands and not self._pending and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-                commands, self._commands = self._commands, []
-            for command in commands:
-                command()
-            if self._pending:
-                started = time.perf_counter()
-                try:
-                    outputs = self.llm.step()
-                except Exception as err:  # a failed step fails the requests in flight
-                    self._fail_all(f"vllm step failed: {err!r}")
-                    continue
-                for out in outputs:
-                    self._absorb(out)
-                self.steps += 1
-                self._busy_s += time.perf_counter() - started
+    def _step(self) -> None:
+        started = time.perf_counter()
+        try:
+            outputs = self.llm.step()
+        except Exception as err:  # a failed step fails the requests in flight
+            self._fail_all(f"vllm step failed: {err!r}")
+            return
+        for out in outputs:
+            self._absorb(out)
+        self.steps += 1
+        self._busy_s += time.perf_counter() - started
 
     def _fail_all(self, error: str) -> None:
         self.llm.abort_request(list(self._pending))
