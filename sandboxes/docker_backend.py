@@ -31,6 +31,7 @@ from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import ReadTimeout
 
 from rlsys.sandboxes.base import WORKSPACE_MOUNT, Command, KillReason, RunResult, SandboxError
+from rlsys.sandboxes.capped import CappedStream
 from rlsys.sandboxes.config import DockerSandboxConfig
 from rlsys.sandboxes.local import BASE_ENV
 from rlsys.sandboxes.runner import infer_limit_reason
@@ -110,8 +111,8 @@ class DockerSandbox:
             exit_code=code,
             stdout=bytes(reader.out.data),
             stderr=stderr,
-            stdout_truncated=reader.out.seen > reader.out.cap,
-            stderr_truncated=reader.err.seen > reader.err.cap,
+            stdout_truncated=reader.out.truncated,
+            stderr_truncated=reader.err.truncated,
             wall_s=time.monotonic() - start,
             cpu_s=None,  # the engine's stats end with the container
             max_rss_bytes=None,
@@ -178,24 +179,15 @@ class DockerSandbox:
         self.close()
 
 
-class _Capped:
-    def __init__(self, cap: int) -> None:
-        self.cap, self.seen, self.data = cap, 0, bytearray()
-
-    def feed(self, chunk: bytes) -> bool:
-        self.seen += len(chunk)
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        return self.seen > self.cap
-
-
 class _AttachReader:
     """Reads the container's multiplexed output on a thread, keeping at most the caps."""
 
     def __init__(self, client: Any, container: Any, limits: Any, stdin: bytes | None) -> None:
         self.container, self.limits = container, limits
-        self.out, self.err = _Capped(limits.max_output_bytes), _Capped(limits.max_output_bytes)
+        self.out, self.err = (
+            CappedStream(limits.max_output_bytes),
+            CappedStream(limits.max_output_bytes),
+        )
         self.reason: KillReason | None = None
         params = {"stdout": 1, "stderr": 1, "stream": 1, "stdin": int(stdin is not None)}
         self.sock = client.api.attach_socket(container.id, params=params)

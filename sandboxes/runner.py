@@ -23,30 +23,16 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlsys.sandboxes.base import KillReason
+from rlsys.sandboxes.capped import CappedStream
 from rlsys.sandboxes.config import SandboxLimits
 
 CHUNK = 1 << 16
 # After a kill, how long to wait for the pipes to close (a process that escaped the group,
 # possible only without isolation, could hold them open forever).
 DRAIN_GRACE_S = 1.0
-
-
-@dataclass
-class _Stream:
-    cap: int
-    data: bytearray = field(default_factory=bytearray)
-    seen: int = 0
-
-    def feed(self, chunk: bytes) -> bool:
-        """Keep what fits under the cap; True once the stream has passed it."""
-        self.seen += len(chunk)
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        return self.seen > self.cap
 
 
 @dataclass(frozen=True)
@@ -126,8 +112,8 @@ def run_captured(
         exit_code=code,
         stdout=bytes(out.data),
         stderr=bytes(err.data),
-        stdout_truncated=out.seen > out.cap,
-        stderr_truncated=err.seen > err.cap,
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
         wall_s=time.monotonic() - start,
         cpu_s=cpu_s,
         max_rss_bytes=rss_kib * 1024 if rss_kib is not None else None,
@@ -153,10 +139,12 @@ def _supervise(
     stdin: bytes | None,
     start: float,
     info_r: int,
-) -> tuple[int, resource.struct_rusage, KillReason | None, tuple[_Stream, _Stream], int | None]:
+) -> tuple[
+    int, resource.struct_rusage, KillReason | None, tuple[CappedStream, CappedStream], int | None
+]:
     """Pump stdin/stdout/stderr until the leader has exited and the pipes are drained."""
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = _Stream(limits.max_output_bytes), _Stream(limits.max_output_bytes)
+    out, err = CappedStream(limits.max_output_bytes), CappedStream(limits.max_output_bytes)
     streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
     sel = selectors.DefaultSelector()
     for fd in streams:
