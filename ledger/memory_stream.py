@@ -27,6 +27,8 @@ from rlsys.ledger.stream import (
     StreamPosition,
     decode_payload,
     encode_payload,
+    entry_sequence,
+    sequence_entry_id,
 )
 
 
@@ -55,16 +57,6 @@ class _MemoryLog:
 
 _LOGS: dict[str, _MemoryLog] = {}
 _LOGS_LOCK = threading.Lock()
-
-
-def _entry_id(seq: int) -> str:
-    return f"0-{seq}"
-
-
-def _seq(entry_id: str) -> int:
-    ms, _, seq = entry_id.partition("-")
-    assert ms == "0", f"{entry_id!r} is not an id of an in-memory stream"
-    return int(seq)
 
 
 class MemoryRolloutStream:
@@ -101,7 +93,7 @@ class MemoryRolloutStream:
                     seq = log.last_seq = log.last_seq + 1
                     log.entries[seq] = entry
                     log.by_rollout[entry[0]] = seq
-                ids.append(_entry_id(seq))
+                ids.append(sequence_entry_id(seq))
             log.cond.notify_all()
         return ids
 
@@ -120,7 +112,9 @@ class MemoryRolloutStream:
                 if entry is None:  # deleted by another group's ack: nothing to deliver
                     continue
                 group.pending[seq] = _Delivery(consumer, now, 1)
-                out.append(StreamEntry(_entry_id(seq), entry[0], decode_payload(*entry[1:])))
+                out.append(
+                    StreamEntry(sequence_entry_id(seq), entry[0], decode_payload(*entry[1:]))
+                )
             group.last_delivered = seq
             return out
 
@@ -128,7 +122,7 @@ class MemoryRolloutStream:
         with self._log.cond:
             pending = self._group.pending
             acked = 0
-            for seq in map(_seq, entry_ids):
+            for seq in (entry_sequence(i, "an in-memory stream") for i in entry_ids):
                 if pending.pop(seq, None) is not None:
                     acked += 1
                     if self.config.delete_acked:
@@ -156,7 +150,7 @@ class MemoryRolloutStream:
                 delivery.consumer, delivery.delivered_at = consumer, now
                 delivery.count += 1
                 payload = decode_payload(*entry[1:])
-                out.append(StreamEntry(_entry_id(seq), entry[0], payload, delivery.count))
+                out.append(StreamEntry(sequence_entry_id(seq), entry[0], payload, delivery.count))
             return out
 
     def pending(self, consumer: str | None = None, count: int = 1000) -> list[PendingEntry]:
@@ -170,7 +164,7 @@ class MemoryRolloutStream:
                     break
                 if consumer is None or d.consumer == consumer:
                     idle_ms = int((now - d.delivered_at) * 1000)
-                    rows.append(PendingEntry(_entry_id(seq), d.consumer, idle_ms, d.count))
+                    rows.append(PendingEntry(sequence_entry_id(seq), d.consumer, idle_ms, d.count))
             return rows
 
     def position(self) -> StreamPosition:
@@ -180,7 +174,7 @@ class MemoryRolloutStream:
             undelivered = range(group.last_delivered + 1, log.last_seq + 1)
             backlog = sum(1 for seq in undelivered if seq in log.entries)
             return StreamPosition(
-                last_delivered_id=_entry_id(group.last_delivered),
+                last_delivered_id=sequence_entry_id(group.last_delivered),
                 pending=len(group.pending),
                 backlog=backlog,
                 length=len(log.entries),

@@ -32,6 +32,8 @@ from rlsys.ledger.stream import (
     StreamPosition,
     decode_payload,
     encode_payload,
+    entry_sequence,
+    sequence_entry_id,
 )
 
 _SCHEMA = """
@@ -51,16 +53,6 @@ CREATE TABLE IF NOT EXISTS pending (
 # A blocking read polls: SQLite has no cross-process notification. 20 ms is far below a
 # rollout's duration and costs one indexed query per poll.
 _POLL_S = 0.02
-
-
-def _entry_id(seq: int) -> str:
-    return f"0-{seq}"
-
-
-def _seq(entry_id: str) -> int:
-    ms, _, seq = entry_id.partition("-")
-    assert ms == "0", f"{entry_id!r} is not an id of a SQLite stream"
-    return int(seq)
 
 
 class SqliteRolloutStream:
@@ -124,13 +116,13 @@ class SqliteRolloutStream:
                     (self.name, rollout_id),
                 ).fetchone()
                 if have is not None:
-                    ids.append(_entry_id(int(have[0])))
+                    ids.append(sequence_entry_id(int(have[0])))
                     continue
                 cur = db.execute(
                     "INSERT INTO entries (stream, rollout_id, kind, data) VALUES (?, ?, ?, ?)",
                     (self.name, rollout_id, kind, data),
                 )
-                ids.append(_entry_id(int(cur.lastrowid or 0)))
+                ids.append(sequence_entry_id(int(cur.lastrowid or 0)))
         return ids
 
     def read(self, consumer: str, count: int = 1, block_ms: int | None = None) -> list[StreamEntry]:
@@ -161,14 +153,14 @@ class SqliteRolloutStream:
                 (rows[-1][0], self.name, self.group),
             )
         return [
-            StreamEntry(_entry_id(seq), rid, decode_payload(bytes(kind), bytes(data)))
+            StreamEntry(sequence_entry_id(seq), rid, decode_payload(bytes(kind), bytes(data)))
             for seq, rid, kind, data in rows
         ]
 
     def ack(self, entry_ids: Sequence[str]) -> int:
         acked = 0
         with self._tx() as db:
-            for seq in map(_seq, entry_ids):
+            for seq in (entry_sequence(i, "a SQLite stream") for i in entry_ids):
                 cur = db.execute(
                     "DELETE FROM pending WHERE stream = ? AND grp = ? AND seq = ?",
                     (self.name, self.group, seq),
@@ -204,7 +196,7 @@ class SqliteRolloutStream:
                     (consumer, now, n + 1, self.name, self.group, seq),
                 )
                 payload = decode_payload(bytes(kind), bytes(data))
-                out.append(StreamEntry(_entry_id(seq), rid, payload, n + 1))
+                out.append(StreamEntry(sequence_entry_id(seq), rid, payload, n + 1))
         return out
 
     def pending(self, consumer: str | None = None, count: int = 1000) -> list[PendingEntry]:
@@ -217,7 +209,8 @@ class SqliteRolloutStream:
             ).fetchall()
         now = time.time()
         return [
-            PendingEntry(_entry_id(seq), who, int((now - at) * 1000), n) for seq, who, at, n in rows
+            PendingEntry(sequence_entry_id(seq), who, int((now - at) * 1000), n)
+            for seq, who, at, n in rows
         ]
 
     def position(self) -> StreamPosition:
@@ -231,7 +224,7 @@ class SqliteRolloutStream:
                 "SELECT coalesce(sum(seq > ?), 0), count(*) FROM entries WHERE stream = ?",
                 (last, self.name),
             ).fetchone()
-        return StreamPosition(_entry_id(last), int(pending), int(backlog), int(length))
+        return StreamPosition(sequence_entry_id(last), int(pending), int(backlog), int(length))
 
     def delete(self) -> None:
         with self._tx() as db:

@@ -22,6 +22,7 @@ from rlsys.ledger.stream import (
     RedisStreamConfig,
     RolloutStream,
     SqliteStreamConfig,
+    StreamError,
     entry_id_key,
     open_stream,
     resume_consumer,
@@ -187,6 +188,15 @@ def test_ack_ignores_entries_never_delivered(make_stream: MakeStream) -> None:
     assert [e.entry_id for e in stream.read("t", count=1)] == [second]
     assert stream.ack([second]) == 1
     assert stream.ack([first, second]) == 0
+
+
+def test_ack_of_an_id_no_stream_wrote_is_a_stream_error(make_stream: MakeStream) -> None:
+    stream = make_stream()
+    (entry_id,) = stream.publish_many([("r0", {"n": 0})])
+    (entry,) = stream.read("c")
+    with pytest.raises(StreamError):
+        stream.ack(["not-an-id"])
+    assert stream.ack([entry.entry_id]) == 1 and entry.entry_id == entry_id
 
 
 def test_large_batches_round_trip_in_one_call_each(make_stream: MakeStream) -> None:
