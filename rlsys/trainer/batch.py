@@ -208,12 +208,7 @@ def _routes(
         return None, routed
     ids = torch.zeros(layers, num_rows, k, dtype=torch.int64)
     gates = torch.zeros(layers, num_rows, k, dtype=torch.float32)
-    for r0, block in route_blocks:
-        n = int(block["indices"].shape[1])
-        ids[:, r0 : r0 + n] = torch.as_tensor(block["indices"]).to(torch.int64)
-        if "gates" in block:
-            gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
-        routed[r0 : r0 + n] = True
+    _copy_route_blocks(route_blocks, ids, gates, routed)
     if stacked is not None:  # one indexed copy for every row
         at = torch.tensor([r for r, _ in route_rows], dtype=torch.int64)
         ids[:, at], gates[:, at] = stacked
@@ -221,14 +216,23 @@ def _routes(
     for r, (row_ids, row_gates, _) in entries:
         ids[:, r], gates[:, r] = row_ids, row_gates
         routed[r] = True
-    for r0, block in overrides:
+    _copy_route_blocks(overrides, ids, gates, routed)
+    selections = _blocks(entries, route_blocks, num_rows, overrides)
+    return RoutedExperts(ids, gates, selections), routed
+
+
+def _copy_route_blocks(
+    blocks: Sequence[tuple[int, dict[str, Any]]], ids: Tensor, gates: Tensor, routed: Tensor
+) -> None:
+    """Write each (first row, block) of routes over rows first..first + n - 1 of `ids` and
+    `gates` (a block without "gates" leaves those rows' gates as they were), in order, so a
+    later block wins where two cover a row; mark the rows routed."""
+    for r0, block in blocks:
         n = int(block["indices"].shape[1])
         ids[:, r0 : r0 + n] = torch.as_tensor(block["indices"]).to(torch.int64)
         if "gates" in block:
             gates[:, r0 : r0 + n] = torch.as_tensor(block["gates"]).to(torch.float32)
         routed[r0 : r0 + n] = True
-    selections = _blocks(entries, route_blocks, num_rows, overrides)
-    return RoutedExperts(ids, gates, selections), routed
 
 
 def _blocks(
