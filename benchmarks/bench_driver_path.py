@@ -59,9 +59,7 @@ def trajectories(n: int, seed: int = 0) -> list[Trajectory]:
                                       SamplingParams(max_tokens=40, candidate_cap=32))
                 )  # fmt: skip
                 assert r.error is None, r.error
-                seg.append(r.token_ids, turn=turn, policy=True, logprobs=r.logprobs,
-                           versions=r.versions, candidates=r.candidate_ids,
-                           routed=r.routed_experts)  # fmt: skip
+                seg.append_generation(r, turn=turn)
                 obs = torch.randint(0, VOCAB_SIZE, (12,), generator=rng).tolist()
                 seg.append(obs, turn=turn, policy=False)
             out.append(Trajectory(f"r-{i:032x}", f"g-{i // 4:032x}", f"arithmetic/{i}", [seg],

@@ -108,15 +108,7 @@ def generate(
             seg = segs[r.request_id.rsplit("-", 1)[0]]
             assert r.error is None, r.error
             seg.fill_context_routes(r.prompt_routed_experts)
-            seg.append(
-                r.token_ids,
-                turn=turn,
-                policy=True,
-                logprobs=r.logprobs,
-                versions=r.versions,
-                candidates=r.candidate_ids,
-                routed=r.routed_experts,
-            )
+            seg.append_generation(r, turn=turn)
             obs = torch.randint(0, cfg.vocab_size, (shape.obs_len,), generator=rng).tolist()
             seg.append(obs, turn=turn, policy=False)
     half = cfg.vocab_size // 2

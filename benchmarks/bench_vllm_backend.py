@@ -72,8 +72,7 @@ def mismatch(model_dir: Path, results: list[GenerationResult], batch: list[list[
     for i, (prompt, r) in enumerate(zip(batch, results, strict=True)):
         seg = Segment()
         seg.append(prompt, turn=-1, policy=False)
-        seg.append(r.token_ids, turn=0, policy=True, logprobs=r.logprobs, versions=r.versions,
-                   candidates=r.candidate_ids)  # fmt: skip
+        seg.append_generation(r, turn=0)
         trajs.append(Trajectory(f"r{i}", "g", "t", [seg], reward=0.0))
     trainer = Trainer(HFPolicy.from_pretrained(str(model_dir)), TrainerSection(), AlgoConfig(),
                       valid_vocab=VOCAB_SIZE)  # fmt: skip

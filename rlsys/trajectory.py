@@ -29,7 +29,17 @@ the tokens of that turn (`turn_index[i] == turn`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+
+class Generation(Protocol):
+    """What a segment records of one engine result (`rlsys.engine.api.GenerationResult`)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    candidate_ids: list[list[int]]  # empty when the engine recorded no candidate sets
+    routed_experts: Any  # one entry per token, or None
 
 
 @dataclass
@@ -67,6 +77,22 @@ class Segment:
         self.turn_index += [turn] * n
         self.candidate_ids += candidates if policy and candidates is not None else [None] * n
         self.routed_experts += routed if policy and routed is not None else [None] * n
+
+    def append_generation(self, result: Generation, *, turn: int) -> None:
+        """Append an engine result's tokens as the policy tokens of `turn`, each with its
+        log-prob, version, candidate set and routed experts (None where the engine recorded
+        none). The routes of the request's context rows are not part of this: see
+        `fill_context_routes` and `record_request_routes`."""
+        routed = result.routed_experts
+        self.append(
+            list(result.token_ids),
+            turn=turn,
+            policy=True,
+            logprobs=list(result.logprobs),
+            versions=list(result.versions),
+            candidates=list(result.candidate_ids) or None,
+            routed=None if routed is None else list(routed),
+        )
 
     def fill_context_routes(self, context_routes: Any) -> int:
         """Record the engine's routes of the context rows of a request whose prompt was

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -233,19 +233,11 @@ class AgentLoop:
             result = self.generator.generate(request)
         except Exception as err:  # whatever the transport raises, the engine failed
             raise RolloutAbort("failed_engine", describe(err)) from err
-        routed = _check_result(result, self.tok)
+        _check_result(result, self.tok)
         if result.prompt_routed_experts is not None:  # R3 over the context rows too
             seg.fill_context_routes(result.prompt_routed_experts)
         n = len(result.token_ids)
-        seg.append(
-            list(result.token_ids),
-            turn=p.turn,
-            policy=True,
-            logprobs=list(result.logprobs),
-            versions=list(result.versions),
-            candidates=result.candidate_ids or None,
-            routed=routed,
-        )
+        seg.append_generation(result, turn=p.turn)
         # after the append: a superseded table also covers rows of this turn's tokens
         seg.record_request_routes(
             result.versions[-1] if result.versions else None,
@@ -304,8 +296,8 @@ class AgentLoop:
             )
 
 
-def _check_result(result: GenerationResult, tok: ByteTokenizer) -> list[Any] | None:
-    """Reject a result that breaks the engine contract; returns per-token routed experts."""
+def _check_result(result: GenerationResult, tok: ByteTokenizer) -> None:
+    """Reject a result that breaks the engine contract."""
     if result.error is not None or result.finish_reason in ("error", "abort"):
         raise RolloutAbort("failed_engine", result.error or f"finish_reason={result.finish_reason}")
     n = len(result.token_ids)
@@ -318,7 +310,6 @@ def _check_result(result: GenerationResult, tok: ByteTokenizer) -> list[Any] | N
     bad = {k: v for k, v in lengths.items() if v != n}
     if bad or not all(tok.is_valid(i) for i in result.token_ids):
         raise RolloutAbort("failed_engine", f"malformed result: {n} tokens, lengths {bad}")
-    return routed
 
 
 def run_rollout(

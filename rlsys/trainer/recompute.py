@@ -11,41 +11,22 @@ a difference the trainer would train on. At staleness 0 it must be exactly 0.0.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 
 from rlsys.trainer.trainer import Trainer
-from rlsys.trajectory import Segment, Trajectory
+from rlsys.trajectory import Generation, Segment, Trajectory
 
 
-class EngineOutput(Protocol):
-    """The fields of an engine result the trainer replays (`rlsys.engine.api`)."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    candidate_ids: list[list[int]]
-    routed_experts: list[object] | None
-
-
-def as_trajectory(index: int, context: list[int], result: EngineOutput) -> Trajectory:
+def as_trajectory(index: int, context: list[int], result: Generation) -> Trajectory:
     seg = Segment()
     seg.append(context, turn=-1, policy=False)
-    seg.append(
-        result.token_ids,
-        turn=0,
-        policy=True,
-        logprobs=result.logprobs,
-        versions=result.versions,
-        candidates=result.candidate_ids,
-        routed=result.routed_experts,
-    )
+    seg.append_generation(result, turn=0)
     return Trajectory(f"align-{index}", f"align-{index}", "align", [seg], num_turns=1)
 
 
 def trainer_logprob_diff(
-    trainer: Trainer, pairs: Sequence[tuple[list[int], EngineOutput]]
+    trainer: Trainer, pairs: Sequence[tuple[list[int], Generation]]
 ) -> tuple[float, int]:
     """Max |engine log-prob - trainer log-prob| over every generated token, and the count."""
     trajs = [as_trajectory(i, ctx, res) for i, (ctx, res) in enumerate(pairs)]

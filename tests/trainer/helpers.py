@@ -102,15 +102,7 @@ def generator_trajectories(
                 assert r.error is None, r.error
                 if context_routes and r.prompt_routed_experts is not None:
                     seg.fill_context_routes(r.prompt_routed_experts)  # as the scaffold
-                seg.append(
-                    r.token_ids,
-                    turn=turn,
-                    policy=True,
-                    logprobs=r.logprobs,
-                    versions=r.versions,
-                    candidates=r.candidate_ids,
-                    routed=r.routed_experts,
-                )
+                seg.append_generation(r, turn=turn)
                 obs = torch.randint(0, vocab, (4,), generator=rng).tolist()
                 seg.append(obs, turn=turn, policy=False)
             reward = float((m + g) % 2)
