@@ -24,9 +24,11 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     load_keys,
     no_selection,
+    query_tile,
     row_visibility,
-    step_bounds,
+    step_keys,
     tile_rows,
+    visible_step,
 )
 from rlsys.kernels.triton_ops.common import dot_precision, interpreting, mma, next_pow2
 
@@ -53,41 +55,23 @@ def _attn_bwd_dq(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    tile = tl.program_id(0)
-    g = tl.program_id(1)
-    seq, lo, hi, r, qpos, present, qrow = tile_rows(
-        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
+        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
     )
-    head = g * G + r % G
-    d = tl.arange(0, DP)
     q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
     do = _load_rows(DO, qrow, head, present, q_stride_n, q_stride_h, d, D)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
+    dq = tl.zeros([T * G, DP], tl.float32)
     h_all = G * tl.num_programs(1)
     lse = tl.load(LSE + qrow * h_all + head, mask=present, other=0.0)
     delta = tl.load(DELTA + qrow * h_all + head, mask=present, other=0.0)
-    dq = tl.zeros([T * G, DP], tl.float32)
-    k_base = K + g * k_stride_g
-    v_base = V + g * k_stride_g
-    first, last = step_bounds(tile, g, lo, hi, step_off, window, SPARSE, STEP)
     for i in range(first, last):
-        if SPARSE:
-            c = tl.load(step_ids + i)
-        else:
-            c = i
-        kpos = c * STEP + tl.arange(0, STEP)
-        vis = row_visibility(
-            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
-        )
-        kneed = tl.max(vis.to(tl.int32), axis=0) > 0
-        k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
-        v = load_keys(v_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+        vis, k, v, s = visible_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+            sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
         dp = mma(do, tl.trans(v), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
@@ -186,13 +170,9 @@ def _block_mass(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    tile = tl.program_id(0)
-    g = tl.program_id(1)
-    seq, lo, hi, r, qpos, present, qrow = tile_rows(
-        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
+        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, 0, T, G, DP, True, STEP
     )
-    head = g * G + r % G
-    d = tl.arange(0, DP)
     q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
     if UPCAST:
         q = q.to(tl.float32)
@@ -205,14 +185,11 @@ def _block_mass(
     cursor = tl.zeros([T], tl.int32)
     NB: tl.constexpr = STEP // BLK
     k_base = K + g * k_stride_g
-    first, last = step_bounds(tile, g, lo, hi, step_off, 0, True, STEP)
     for i in range(first, last):
-        c = tl.load(step_ids + i)
-        kpos = c * STEP + tl.arange(0, STEP)
-        vis = row_visibility(
-            qpos, present, qrow, kpos, g, 0, sel_bits, sb_stride_n, sb_stride_g, True, BLK
-        )
-        kneed = tl.max(vis.to(tl.int32), axis=0) > 0
+        c, kpos, vis, kneed = step_keys(
+            i, step_ids, qpos, present, qrow, g, 0, sel_bits, sb_stride_n, sb_stride_g,
+            True, STEP, BLK,
+        )  # fmt: skip
         k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
         if UPCAST:
             k = k.to(tl.float32)

@@ -117,6 +117,70 @@ def load_keys(
 
 
 @triton.jit
+def query_tile(
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window,
+    T: tl.constexpr, G: tl.constexpr, DP: tl.constexpr, SPARSE: tl.constexpr,
+    STEP: tl.constexpr,
+):  # fmt: skip
+    """What a (query tile, KV group) program walks: its tile and group (program ids 0 and
+    1), the tile's rows (`tile_rows`), each row's head, the feature offsets d (DP,), and
+    the bounds [first, last) of its step walk (`step_bounds`)."""
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    seq, lo, hi, r, qpos, present, qrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    )
+    head = g * G + r % G
+    d = tl.arange(0, DP)
+    first, last = step_bounds(tile, g, lo, hi, step_off, window, SPARSE, STEP)
+    return tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last
+
+
+@triton.jit
+def step_keys(
+    i, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n, sb_stride_g,
+    SPARSE: tl.constexpr, STEP: tl.constexpr, BLK: tl.constexpr,
+):  # fmt: skip
+    """Step `i` of a query tile's walk (a CSR slot, sparse; an aligned step index, SWA):
+    the step c, its STEP key positions, which row sees which key (M, STEP), and which keys
+    any row sees (STEP,): the only ones loaded."""
+    if SPARSE:
+        c = tl.load(step_ids + i)
+    else:
+        c = i
+    kpos = c * STEP + tl.arange(0, STEP)
+    vis = row_visibility(
+        qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
+    )
+    kneed = tl.max(vis.to(tl.int32), axis=0) > 0
+    return c, kpos, vis, kneed
+
+
+@triton.jit
+def visible_step(
+    i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+    sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+    D: tl.constexpr, STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Step `i` of the walk, loaded, as the forward and the dq backward both take it:
+    (vis, k, v, s), s = q k^T * qk_scale for every row and key (keys a row does not see are
+    the caller's to mask with `vis`; keys no row sees are zeros, never read)."""
+    _, kpos, vis, kneed = step_keys(
+        i, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n, sb_stride_g,
+        SPARSE, STEP, BLK,
+    )  # fmt: skip
+    k_base, v_base = K + g * k_stride_g, V + g * k_stride_g
+    k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+    v = load_keys(v_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+    return vis, k, v, s
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, Out, LSE,
     q_stride_n, q_stride_h, k_stride_r, k_stride_g, o_stride_n, o_stride_h,
@@ -131,13 +195,9 @@ def _attn_fwd(
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     HAS_GATE: tl.constexpr,
 ):  # fmt: skip
-    tile = tl.program_id(0)
-    g = tl.program_id(1)
-    seq, lo, hi, r, qpos, present, qrow = tile_rows(
-        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
+        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
     )
-    head = g * G + r % G
-    d = tl.arange(0, DP)
     q = tl.load(
         Q + qrow[:, None] * q_stride_n + head[:, None] * q_stride_h + d[None, :],
         mask=present[:, None] & (d < D)[None, :],
@@ -148,25 +208,11 @@ def _attn_fwd(
     m = tl.full([T * G], NEG_INIT, tl.float32)
     denom = tl.zeros([T * G], tl.float32)
     acc = tl.zeros([T * G, DP], tl.float32)
-    k_base = K + g * k_stride_g
-    v_base = V + g * k_stride_g
-    first, last = step_bounds(tile, g, lo, hi, step_off, window, SPARSE, STEP)
     for i in range(first, last):
-        if SPARSE:
-            c = tl.load(step_ids + i)
-        else:
-            c = i
-        kpos = c * STEP + tl.arange(0, STEP)
-        vis = row_visibility(
-            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
-        )
-        kneed = tl.max(vis.to(tl.int32), axis=0) > 0
-        k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
-        v = load_keys(v_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+        vis, k, v, s = visible_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+            sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
