@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rlsys.ledger.sequence_ids import entry_sequence, sequence_entry_id
 from rlsys.ledger.stream import (
     STREAM_BACKENDS,
     MemoryStreamConfig,
@@ -27,8 +28,6 @@ from rlsys.ledger.stream import (
     StreamPosition,
     decode_payload,
     encode_payload,
-    entry_sequence,
-    sequence_entry_id,
 )
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from rlsys.ledger.sequence_ids import entry_sequence, sequence_entry_id
 from rlsys.ledger.stream import (
     STREAM_BACKENDS,
     Payload,
@@ -32,8 +33,6 @@ from rlsys.ledger.stream import (
     StreamPosition,
     decode_payload,
     encode_payload,
-    entry_sequence,
-    sequence_entry_id,
 )
 
 _SCHEMA = """

@@ -268,21 +268,6 @@ def entry_id_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def sequence_entry_id(seq: int) -> str:
-    """The id of entry `seq` in a backend that numbers its own entries (memory, SQLite):
-    "0-SEQ", the Redis form with a zero time part, so `entry_id_key` orders it the same."""
-    return f"0-{seq}"
-
-
-def entry_sequence(entry_id: str, backend: str) -> int:
-    """The SEQ of a "0-SEQ" id that `sequence_entry_id` wrote; `backend` names the stream
-    kind in the error an id of another kind of stream raises."""
-    ms, _, seq = entry_id.partition("-")
-    if ms != "0" or not seq.isdigit():
-        raise StreamError(f"{entry_id!r} is not an id of {backend}")
-    return int(seq)
-
-
 def encode_payload(payload: Payload) -> tuple[bytes, bytes]:
     """(kind, data): bytes pass through; anything else must be JSON-serialisable.
 
