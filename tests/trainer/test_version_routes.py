@@ -59,15 +59,7 @@ def _run(core: EngineCore, prompt: list[int], rid: str, update_after: int | None
 def _append_turn(seg: Segment, result: GenerationResult, turn: int) -> None:
     """What the scaffold records for one request (rlsys.rollout.scaffold)."""
     seg.fill_context_routes(result.prompt_routed_experts)
-    seg.append(
-        list(result.token_ids),
-        turn=turn,
-        policy=True,
-        logprobs=list(result.logprobs),
-        versions=list(result.versions),
-        candidates=result.candidate_ids,
-        routed=list(result.routed_experts),
-    )
+    seg.append_generation(result, turn=turn)
     seg.record_request_routes(
         result.versions[-1], result.prompt_routed_experts, list(result.superseded_routes)
     )
