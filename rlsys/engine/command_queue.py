@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ class CommandQueue:
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the scheduler thread between two steps; its value, or its exception."""
-        done: Future[Any] = Future()
+        done: Future[T] = Future()
 
         def run() -> None:
             try:
