@@ -2,7 +2,8 @@
 
 Many threads call `generate` at once; one scheduler thread owns the `EngineCore` and runs
 steps while there is work, so requests join and leave the batch at every step. Commands
-(add, abort, weight update) are queued and applied between steps, never during one.
+(add, abort, weight update) are queued and applied between steps, never during one
+(`command_queue.py`, shared with the vLLM backend).
 
 Invariants: every accepted `generate` call returns exactly one result (finished, aborted,
 error, or aborted by `close`); a weight update never aborts an in-flight request.

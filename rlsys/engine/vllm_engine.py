@@ -5,7 +5,7 @@ process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so new weights reach the model by a
 `reload_weights`), with `skip_tokenizer_init=True` (token ids in and out; the task's own
 tokenizer owns the text), prefix caching on and continuous batching. One scheduler
 thread owns the `LLMEngine`; `generate` may be called from many threads. Commands (add,
-weight update) run between two `step()`s, never during one.
+weight update) run between two `step()`s, never during one (`command_queue.py`).
 
 Per generated token the result holds what the native engine's does: the id, its
 log-prob (vLLM's processed log-prob: after temperature and top-p), the policy version of
