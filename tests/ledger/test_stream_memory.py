@@ -68,17 +68,22 @@ def test_concurrent_producers_and_consumers_see_each_entry_once(stream_name: str
     stream.delete()
 
 
+IDLE_MS = 1500
+
+
 def test_concurrent_reclaimers_never_claim_the_same_entry(stream_name: str) -> None:
     stream = open_stream(f"memory://{stream_name}")
     stream.publish_many([(f"r{i}", i) for i in range(2000)])
     while stream.read("dead", count=500):
         pass
-    time.sleep(0.06)
+    time.sleep(IDLE_MS / 1000 + 0.05)  # every entry idle past the bound
     claims: dict[str, list[str]] = {}
 
     def reclaim(name: str) -> None:
-        # A claim restarts the idle clock, so what one reclaimer took is not idle for 50 ms.
-        claims[name] = [e.entry_id for e in stream.reclaim(name, min_idle_ms=50, count=2000)]
+        # A claim restarts the idle clock, so what one reclaimer took is not idle for IDLE_MS:
+        # the bound is long beside a 2,000-entry claim even on a loaded box (at 50 ms, a
+        # claim slower than that let the next reclaimer take everything again).
+        claims[name] = [e.entry_id for e in stream.reclaim(name, min_idle_ms=IDLE_MS, count=2000)]
 
     threads = [threading.Thread(target=reclaim, args=(f"c{i}",)) for i in range(4)]
     for thread in threads:
