@@ -148,7 +148,7 @@ def _open_job(ledger: Ledger, cfg: JobConfig, resume: str | None, job_id: str | 
 
 def _logical_cpus(cfg: JobConfig) -> float:
     return (
-        cfg.engine.replicas * cfg.engine.num_cpus
+        cfg.engine.placement.replicas * cfg.engine.placement.num_cpus
         + cfg.rollout.workers * cfg.rollout.num_cpus
         + cfg.trainer.num_cpus * cfg.trainer.data_parallel  # rank 0 and its followers
     )
@@ -163,12 +163,12 @@ def _start_actors(cfg: JobConfig, job_id: str, run_dir: Path, stream_url: str) -
     replicas = {
         f"replica-{i}": EngineReplica.options(
             name=actor_name(job_id, f"replica-{i}"),
-            num_cpus=cfg.engine.num_cpus,
-            num_gpus=cfg.engine.num_gpus,
-            resources=cfg.engine.resources,
+            num_cpus=cfg.engine.placement.num_cpus,
+            num_gpus=cfg.engine.placement.num_gpus,
+            resources=cfg.engine.placement.resources,
             max_concurrency=256,
         ).remote(f"replica-{i}", cfg)
-        for i in range(cfg.engine.replicas)
+        for i in range(cfg.engine.placement.replicas)
     }
     # The admission scheduler is the control plane's singleton: it lives on the driver's
     # node, whose loss ends the job anyway, never on a node that may go with its workers.

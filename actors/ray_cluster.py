@@ -19,7 +19,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rlsys.actors.serving_metrics import serving_metrics
 from rlsys.actors.weight_publish import make_publisher
-from rlsys.config.job import EngineSection
+from rlsys.config.engine import EngineConfig
 from rlsys.control.cluster import ActorDied, Pending, TaskFailed
 from rlsys.control.messages import (
     Assignment,
@@ -59,7 +59,7 @@ class RayCluster:
     def __init__(
         self,
         handles: JobHandles,
-        engine: EngineSection,
+        engine: EngineConfig,
         make_worker: Callable[[str], ActorHandle],
         make_trainer: Callable[[], ActorHandle],
     ) -> None:

@@ -53,8 +53,8 @@ class RolloutWorker:
         replicas: dict[str, ActorHandle],
         stream_url: str,
     ) -> None:
-        from rlsys.actors.job_sections import scaffold_config
         from rlsys.ledger.stream import open_stream
+        from rlsys.rollout.job_sections import scaffold_config
         from rlsys.rollout.tasks.registry import build_task, parse_task_config
         from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
 

@@ -74,8 +74,8 @@ class TrainerActor:
         if getattr(self, "_demos", None) is None:
             from functools import partial
 
-            from rlsys.actors.job_sections import scaffold_config
             from rlsys.rollout.demos import make_demonstrations
+            from rlsys.rollout.job_sections import scaffold_config
             from rlsys.rollout.tasks.registry import build_task, parse_task_config
             from rlsys.sandboxes.registry import open_sandbox, parse_sandbox_config
 

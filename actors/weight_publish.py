@@ -23,7 +23,7 @@ from ray import ObjectRef
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from rlsys.config.job import EngineSection
+from rlsys.config.engine import EngineConfig
 
 Replicas = dict[str, ActorHandle]
 
@@ -57,7 +57,7 @@ def _drop(replicas: Replicas, dead: list[str]) -> list[str]:
 class ObjectStorePublisher:
     groups_formed = 0  # no group to form
 
-    def __init__(self, cfg: EngineSection) -> None:
+    def __init__(self, cfg: EngineConfig) -> None:
         self.timeout_s = cfg.weight_sync_timeout_s
 
     def publish(self, trainer: ActorHandle, replicas: Replicas, version: int) -> list[str]:
@@ -72,7 +72,7 @@ class ObjectStorePublisher:
 class CollectivePublisher:
     TRAINER = "trainer"
 
-    def __init__(self, cfg: EngineSection) -> None:
+    def __init__(self, cfg: EngineConfig) -> None:
         self.timeout_s = cfg.weight_sync_timeout_s
         self.generation = 0
         self.members: tuple[str, ...] = ()  # replica ids of the current generation, by rank
@@ -134,11 +134,11 @@ class CollectivePublisher:
         return _drop(live, dead)
 
 
-PUBLISHERS: dict[str, Callable[[EngineSection], ObjectStorePublisher | CollectivePublisher]] = {
+PUBLISHERS: dict[str, Callable[[EngineConfig], ObjectStorePublisher | CollectivePublisher]] = {
     "object_store": ObjectStorePublisher,
     "collective": CollectivePublisher,
 }
 
 
-def make_publisher(cfg: EngineSection) -> ObjectStorePublisher | CollectivePublisher:
+def make_publisher(cfg: EngineConfig) -> ObjectStorePublisher | CollectivePublisher:
     return PUBLISHERS[cfg.weight_transport](cfg)

@@ -20,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import preset
-from rlsys.engine.api import GenerationRequest, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest
 from rlsys.engine.engine import InferenceEngine
 from rlsys.model import Transformer
 from rlsys.rollout.admission import AdmissionScheduler
@@ -46,7 +47,8 @@ def run_policy(policy: str, engines: dict, args: argparse.Namespace) -> dict:
                 f"{policy}-{i}-{turn}",
                 f"{policy}-s{i}",
                 list(ctx),
-                SamplingParams(max_tokens=args.gen, seed=i * 100 + turn),
+                SamplingConfig(max_tokens_per_turn=args.gen),
+                seed=i * 100 + turn,
             )
             out = client.generate(req)
             made += len(out.token_ids)

@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import preset
+from rlsys.config.sampling import SamplingConfig
 from rlsys.control.messages import RolloutReport
-from rlsys.engine.api import GenerationRequest, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.engine.api import GenerationRequest
 from rlsys.engine.engine import InferenceEngine
 from rlsys.model import Transformer
 from rlsys.tokenizer import VOCAB_SIZE
@@ -56,7 +57,7 @@ def trajectories(n: int, seed: int = 0) -> list[Trajectory]:
             for turn in range(3):
                 r = engine.generate(
                     GenerationRequest(f"{i}-{turn}", str(i), list(seg.token_ids),
-                                      SamplingParams(max_tokens=40, candidate_cap=32))
+                                      SamplingConfig(max_tokens_per_turn=40))
                 )  # fmt: skip
                 assert r.error is None, r.error
                 seg.append_generation(r, turn=turn)

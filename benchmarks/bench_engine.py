@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlsys import kernels
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import preset
-from rlsys.engine.api import GenerationRequest, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runner import LocalRunner
 from rlsys.kernels import fused
@@ -135,9 +136,9 @@ def _run(core: EngineCore, reqs: list[GenerationRequest]) -> list:  # type: igno
 
 
 def batching(model: Transformer, args: argparse.Namespace) -> None:
-    params = SamplingParams(max_tokens=args.gen, seed=0)
+    params = SamplingConfig(max_tokens_per_turn=args.gen)
     prompts = _sessions(args, model.cfg.vocab_size)
-    reqs = [GenerationRequest(f"r{i}", f"s{i}", p, params) for i, p in enumerate(prompts)]
+    reqs = [GenerationRequest(f"r{i}", f"s{i}", p, params, seed=0) for i, p in enumerate(prompts)]
     results = {}
     for mode, max_running in (("one at a time", 1), (f"{args.sessions} concurrent", 16)):
         core = _core(model, args, max_running)
@@ -159,13 +160,14 @@ def batching(model: Transformer, args: argparse.Namespace) -> None:
 
 
 def prefix_hits(model: Transformer, args: argparse.Namespace) -> None:
-    params = SamplingParams(max_tokens=args.gen, seed=0)
+    params = SamplingConfig(max_tokens_per_turn=args.gen)
     contexts = _sessions(args, model.cfg.vocab_size)
     core = _core(model, args, 16)
     start = time.perf_counter()
     for turn in range(args.turns):
         reqs = [
-            GenerationRequest(f"s{i}:{turn}", f"s{i}", c, params) for i, c in enumerate(contexts)
+            GenerationRequest(f"s{i}:{turn}", f"s{i}", c, params, seed=0)
+            for i, c in enumerate(contexts)
         ]
         done = {r.request_id: r for r in _run(core, reqs)}
         observation = list(b"<obs>result 42</obs>")

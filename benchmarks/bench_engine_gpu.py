@@ -35,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_engine import plain_kernels  # noqa: E402
 from benchmarks.kernel_count import count_launches  # noqa: E402
+from rlsys.config.engine import EngineConfig  # noqa: E402
 from rlsys.config.model import ModelConfig, preset  # noqa: E402
-from rlsys.engine.api import GenerationRequest, SamplingParams  # noqa: E402
-from rlsys.engine.config import EngineConfig  # noqa: E402
+from rlsys.config.sampling import SamplingConfig  # noqa: E402
+from rlsys.engine.api import GenerationRequest  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
@@ -107,10 +108,10 @@ def run(
 ) -> dict[str, float]:  # noqa: ANN001
     core = EngineCore(model.cfg, ecfg, runner)
     g = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_tokens=gen, seed=0)
+    params = SamplingConfig(max_tokens_per_turn=gen)
     for i in range(batch):
         prompt = torch.randint(32, 127, (prompt_len,), generator=g).tolist()
-        assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params)) is None
+        assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=0)) is None
     forward_s, steps, tokens, decode_s, first_decode = 0.0, 0, 0, 0.0, True
     step_times: list[float] = []
     orig = runner.step

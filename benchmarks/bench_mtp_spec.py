@@ -23,8 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.warm_small import demonstrations, warm_small  # noqa: E402
-from rlsys.engine.api import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
-from rlsys.engine.config import EngineConfig  # noqa: E402
+from rlsys.config.engine import EngineConfig  # noqa: E402
+from rlsys.config.sampling import SamplingConfig  # noqa: E402
+from rlsys.engine.api import GenerationRequest, GenerationResult  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.tokenizer import VOCAB_SIZE  # noqa: E402
@@ -48,8 +49,8 @@ def run(warm, prompt_ids: list[list[int]], k: int, batch: int, max_tokens: int):
     )
     core = EngineCore(warm.cfg, ecfg, make_runner(warm.cfg, ecfg, warm.state))
     for i, p in enumerate(prompt_ids):
-        params = SamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=0.95, seed=i)
-        core.add(GenerationRequest(f"r{i}", f"r{i}", p, params))
+        params = SamplingConfig(max_tokens_per_turn=max_tokens, temperature=1.0, top_p=0.95)
+        core.add(GenerationRequest(f"r{i}", f"r{i}", p, params, seed=i))
     done: dict[str, GenerationResult] = {}
     started = time.perf_counter()
     while core.has_work():

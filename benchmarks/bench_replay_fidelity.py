@@ -38,10 +38,11 @@ from dataclasses import dataclass
 import torch
 
 from rlsys.config.algo import AlgoConfig
+from rlsys.config.engine import EngineConfig
 from rlsys.config.job import TrainerSection
 from rlsys.config.model import ModelConfig, preset
-from rlsys.engine.api import GenerationRequest, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runner import LocalRunner
 from rlsys.model import RoutingRecorder, Transformer
@@ -97,7 +98,7 @@ def generate(
         for m in range(shape.group_size):
             segs[f"{g}-{m}"] = Segment()
             segs[f"{g}-{m}"].append(prompt, turn=-1, policy=False)
-    sampling = SamplingParams(max_tokens=shape.tokens_per_turn, top_p=shape.top_p)
+    sampling = SamplingConfig(max_tokens_per_turn=shape.tokens_per_turn, top_p=shape.top_p)
     for turn in range(shape.turns):
         for sid, seg in segs.items():
             core.add(GenerationRequest(f"{sid}-{turn}", sid, list(seg.token_ids), sampling))

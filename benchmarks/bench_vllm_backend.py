@@ -32,10 +32,11 @@ from pathlib import Path
 import torch
 
 from rlsys.config.algo import AlgoConfig
+from rlsys.config.engine import EngineConfig
 from rlsys.config.job import TrainerSection
 from rlsys.config.model import preset
-from rlsys.engine.api import GenerationRequest, GenerationResult, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest, GenerationResult
 from rlsys.tokenizer import VOCAB_SIZE
 from rlsys.trainer import Trainer
 from rlsys.trajectory import Segment, Trajectory
@@ -49,7 +50,7 @@ def prompts(args: argparse.Namespace) -> list[list[int]]:
 
 def run_all(engine, batch: list[list[int]], args, tag: str) -> tuple[float, list]:  # type: ignore[no-untyped-def]
     """Submit every prompt at once; returns (generated tokens/s, results)."""
-    sampling = SamplingParams(max_tokens=args.gen, top_p=args.top_p, candidate_cap=VOCAB_SIZE)
+    sampling = SamplingConfig(max_tokens_per_turn=args.gen, top_p=args.top_p)
     reqs = [GenerationRequest(f"{tag}-{i}", f"{tag}-{i}", p, sampling) for i, p in enumerate(batch)]
     started = time.perf_counter()
     with ThreadPoolExecutor(len(reqs)) as pool:

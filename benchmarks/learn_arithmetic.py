@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from rlsys.config.algo import AlgoConfig
+from rlsys.config.engine import EngineConfig
 from rlsys.config.job import TrainerSection
 from rlsys.config.model import preset
 from rlsys.config.sampling import SamplingConfig
-from rlsys.engine.config import EngineConfig
 from rlsys.engine.engine import InferenceEngine
 from rlsys.model import Transformer
 from rlsys.rollout.compaction import CompactionConfig

@@ -23,9 +23,10 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlsys.config.engine import EngineConfig  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
-from rlsys.engine.api import GenerationRequest, SamplingParams  # noqa: E402
-from rlsys.engine.config import EngineConfig  # noqa: E402
+from rlsys.config.sampling import SamplingConfig  # noqa: E402
+from rlsys.engine.api import GenerationRequest  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
@@ -49,10 +50,10 @@ def main() -> None:
         max_step_tokens=max(args.batch, 8192), cuda_graphs=args.graphs,
     )  # fmt: skip
     core = EngineCore(model.cfg, ecfg, make_runner(model.cfg, ecfg, model.state_dict()))
-    params = SamplingParams(max_tokens=64, seed=0)
+    params = SamplingConfig(max_tokens_per_turn=64)
     for i in range(args.batch):
         prompt = torch.randint(32, 127, (args.context,)).tolist()
-        core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params))
+        core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=0))
     # prefill every prompt, then warm-up decode steps (compiles everything): the profiled
     # steps are decode-only (with a small step budget, batch x 1024 prompt tokens would
     # still be prefilling)

@@ -30,9 +30,10 @@ import math
 
 import torch
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig, preset
-from rlsys.engine.api import GenerationRequest, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest
 from rlsys.engine.engine import InferenceEngine
 
 
@@ -100,7 +101,8 @@ def measured_small(prompt_len: int, new_tokens: int) -> str:
     engine_cfg = EngineConfig(max_context_tokens=4096, record_selections=True)
     prompt = torch.randint(0, 256, (prompt_len,)).tolist()
     with InferenceEngine(cfg, engine_cfg) as engine:
-        req = GenerationRequest("m", "m", prompt, SamplingParams(max_tokens=new_tokens, top_p=0.9))
+        sampling = SamplingConfig(max_tokens_per_turn=new_tokens, top_p=0.9)
+        req = GenerationRequest("m", "m", prompt, sampling)
         r = engine.generate(req)
     ctx = r.prompt_routed_experts
     rows = int(ctx["indices"].shape[1]) + len(r.routed_experts)

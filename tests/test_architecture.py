@@ -49,9 +49,11 @@ OWNERS = {
 # trainer -> algo; everything -> types, config. Leaf modules of `rlsys` (types, tokenizer,
 # trajectory) count as packages.
 ALLOWED_EDGES: dict[str, set[str]] = {
+    # cli -> rollout: the one job loader validates the sections the rollout layer owns
+    # (task, sandbox, scaffold) with that layer's schemas (rlsys.rollout.job_sections)
     "rlsys.cli": {"rlsys.actors", "rlsys.config", "rlsys.engine", "rlsys.ledger",
-                  "rlsys.model", "rlsys.sandboxes", "rlsys.tracking", "rlsys.trainer",
-                  "rlsys.types"},
+                  "rlsys.model", "rlsys.rollout", "rlsys.sandboxes", "rlsys.tracking",
+                  "rlsys.trainer", "rlsys.types"},
     "rlsys.actors": {"rlsys.algo", "rlsys.config", "rlsys.control", "rlsys.engine",
                      "rlsys.ledger", "rlsys.model", "rlsys.rollout", "rlsys.sandboxes",
                      "rlsys.tokenizer", "rlsys.trainer", "rlsys.trajectory", "rlsys.types"},

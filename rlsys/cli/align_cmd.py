@@ -35,26 +35,6 @@ def _degrees(text: str) -> list[int]:
     return degrees
 
 
-def _load_job(path: str):  # type: ignore[no-untyped-def]
-    import pydantic
-    import yaml
-
-    from rlsys.config.job import JobConfig
-
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh) or {}
-        return JobConfig.model_validate(data)
-    except OSError as err:
-        raise UserError(f"{path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML ({err})") from None
-    except pydantic.ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise UserError(f"{path}: {where}: {first['msg']}") from None
-
-
 def _trainer_path(job: JobConfig) -> Recompute:
     """The recompute of `rlsys.engine.align` done by the job's trainer (its replay modes,
     micro-batching and LM-head chunking), not by a bare `Transformer.forward`."""
@@ -84,18 +64,19 @@ def _trainer_path(job: JobConfig) -> Recompute:
 def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: bool) -> None:
     """Check that the trainer reproduces the engine's log-probs bitwise at every TP degree."""
     degrees = _degrees(tp_text)
-    job = _load_job(config)
+    from rlsys.cli.job_config import load_job_config
+
+    job = load_job_config(config, places_replicas=False)
     if job.engine.backend != "native":
         raise UserError(
             f"{config}: engine.backend {job.engine.backend!r}: `rlsys align` checks the native "
             "engine's bitwise alignment; this backend's mismatch is measured in the job "
             "(`mismatch` in `rlsys monitor`) and by benchmarks/bench_vllm_backend.py"
         )
-    from dataclasses import replace
+    from pydantic import ValidationError
 
+    from rlsys.cli.job_config import config_user_error
     from rlsys.engine.align import alignment_report
-    from rlsys.engine.api import SamplingParams
-    from rlsys.engine.config import EngineConfig
     from rlsys.engine.tp_shard import tp_error
 
     model_cfg = job.model.resolve()
@@ -103,11 +84,12 @@ def align(config: str, tp_text: str, backend: str, max_tokens: int, as_json: boo
         if (error := tp_error(model_cfg, degree)) is not None:
             raise UserError(f"{config}: model cannot be split: {error}")
     device = "cuda" if backend == "nccl" else "cpu"
-    engine_cfg = EngineConfig.from_job(job.engine, job.seed).model_copy(
-        update={"device": device, "tp_backend": backend}
-    )
-    sampling = SamplingParams.from_config(job.sampling, job.engine.candidate_cap)
-    sampling = replace(sampling, max_tokens=min(max_tokens, sampling.max_tokens))
+    try:
+        engine_cfg = job.engine.copy_with(device=device, tp_backend=backend)
+    except ValidationError as err:  # e.g. a CPU-only engine option with --backend nccl
+        raise config_user_error(err, "engine") from err
+    turn = min(max_tokens, job.sampling.max_tokens_per_turn)
+    sampling = job.sampling.model_copy(update={"max_tokens_per_turn": turn})
     rows = alignment_report(
         model_cfg,
         engine_cfg,

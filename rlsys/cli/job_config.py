@@ -1,16 +1,28 @@
-"""Loading a job config from YAML with `--set` overrides, validated before anything starts.
+"""The one job-config loader of the command line: YAML with `--set` overrides, validated
+before anything starts.
 
-Invariant: every error is a `UserError` naming the field path (e.g. `engine.replicas`) and
-what is allowed; nothing (no Ray cluster, no ledger row) exists yet when it is raised.
-Sections owned by lower layers (task, sandbox, scaffold) are validated with their schemas.
+Invariant: every command that reads a job config (`run`, `submit`, `align`) reads it here,
+and every config error leaves as a `UserError` (exit 2) formatted by the one formatter
+(`rlsys.config.errors`), which names the field path (e.g. `sampling.top_p`) and what is
+allowed; nothing (no Ray cluster, no ledger row) exists yet when it is raised. Sections
+owned by lower layers (task, sandbox, scaffold) are validated with their schemas
+(`rlsys.rollout.job_sections`).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlsys.cli.errors import UserError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from rlsys.config.errors import ConfigError
+    from rlsys.config.job import JobConfig
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -24,26 +36,40 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def _format_pydantic(err: Any, prefix: str = "") -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
-        path = ".".join(p for p in (prefix, loc) if p) or "(config)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        if e["type"] == "literal_error":
-            msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"{path}: {msg}")
-    return "invalid config: " + "; ".join(lines)
+def config_user_error(err: ConfigError | ValidationError, prefix: str = "") -> UserError:
+    """A refused config as the one line every command prints (exit 2)."""
+    from pydantic import ValidationError
+
+    from rlsys.config.errors import config_error
+
+    if isinstance(err, ValidationError):
+        err = config_error(err, prefix)
+    return UserError(f"invalid config: {err}")
 
 
-def load_job_config(path: str, sets: tuple[str, ...] = ()) -> Any:
-    """The validated `JobConfig` of `path` with `--set key.path=value` overrides applied."""
+def _gpus_exist(cfg: JobConfig) -> None:
+    if (cfg.engine.placement.num_gpus or cfg.trainer.num_gpus) and not (
+        shutil.which("nvidia-smi") or os.environ.get("RAY_ADDRESS")
+    ):
+        raise UserError(
+            "invalid config: engine.placement.num_gpus / trainer.num_gpus: > 0 but this "
+            "machine has no GPU (set them to 0, or submit to a cluster with GPUs)"
+        )
+
+
+def load_job_config(
+    path: str, sets: tuple[str, ...] = (), *, places_replicas: bool = True
+) -> JobConfig:
+    """The validated `JobConfig` of `path` with `--set key.path=value` overrides applied.
+
+    `places_replicas`: the command places the job's actors on Ray, so GPUs it asks for
+    must exist here or on a cluster (`align` places nothing: its `--backend` picks)."""
     import yaml
     from pydantic import ValidationError
 
+    from rlsys.config.errors import ConfigError
     from rlsys.config.job import JobConfig
+    from rlsys.rollout.job_sections import validate_owned_sections
 
     file = Path(path)
     if not file.is_file():
@@ -52,6 +78,8 @@ def load_job_config(path: str, sets: tuple[str, ...] = ()) -> Any:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as err:
         raise UserError(f"config {path} is not valid YAML: {str(err).splitlines()[0]}") from err
+    except OSError as err:
+        raise UserError(f"config {path}: {err.strerror}") from err
     if not isinstance(data, dict):
         raise UserError(f"config {path} must be a mapping at the top level")
     for item in sets:
@@ -61,14 +89,9 @@ def load_job_config(path: str, sets: tuple[str, ...] = ()) -> Any:
         _set_path(data, key.strip(), yaml.safe_load(raw))
     try:
         cfg = JobConfig.model_validate(data)
-    except ValidationError as err:
-        raise UserError(_format_pydantic(err)) from err
-    from rlsys.actors.job_sections import validate_owned_sections
-
-    try:
         validate_owned_sections(cfg)
-    except ValidationError as err:
-        raise UserError(_format_pydantic(err)) from err
-    except ValueError as err:
-        raise UserError(f"invalid config: {err}") from err
+    except (ValidationError, ConfigError) as err:
+        raise config_user_error(err) from err
+    if places_replicas:
+        _gpus_exist(cfg)
     return cfg

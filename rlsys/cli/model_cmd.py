@@ -36,6 +36,7 @@ def model_report(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
     import pydantic
     import torch
 
+    from rlsys.cli.job_config import config_user_error
     from rlsys.config.model import preset
     from rlsys.model import Transformer
 
@@ -44,9 +45,7 @@ def model_report(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
     except KeyError as err:
         raise UserError(str(err.args[0])) from None
     except pydantic.ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(["model", *(str(p) for p in first["loc"])])
-        raise UserError(f"{where}: {first['msg']}") from None
+        raise config_user_error(err, "model") from None
     with torch.device("meta"):
         net = Transformer(cfg)
     kinds = cfg.layer_kinds()

@@ -3,10 +3,13 @@
 Invariants:
 - pydantic only (no torch, no ray): a config is validated before anything starts;
 - every section forbids unknown keys, and every error names its field path;
+- the `engine` section is the engine's one configuration (`rlsys.config.engine`), the
+  `sampling` section the one sampling configuration (`rlsys.config.sampling`);
 - sections owned by other layers (the task, the sandbox, the scaffold) are kept as plain
   mappings here and validated with those layers' own schemas by
-  `rlsys.actors.job_sections.validate_owned_sections` (which `load_job_config` calls),
-  because the dependency rule keeps `rlsys.config` below them.
+  `rlsys.rollout.job_sections.validate_owned_sections` (which the one loader,
+  `rlsys.cli.job_config.load_job_config`, calls), because the dependency rule keeps
+  `rlsys.config` below them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.curriculum import CurriculumConfig
+from rlsys.config.engine import EngineConfig
 from rlsys.config.locations import default_run_root
 from rlsys.config.model import PRESETS, ModelConfig
 from rlsys.config.sampling import SamplingConfig
@@ -70,81 +74,6 @@ class ModelSection(_Section):
 
     def resolve(self) -> ModelConfig:
         return PRESETS[self.preset].with_overrides(self.overrides)
-
-
-class EngineSection(_Section):
-    backend: Literal["native", "vllm"] = Field(
-        "native",
-        description="native: our engine (bitwise aligned with the trainer); vllm: vLLM's "
-        "offline engine on a Hugging Face model (model.kind hf; mismatch measured, not "
-        "bitwise; needs the rlsys[vllm] extra).",
-    )
-    replicas: int = Field(2, ge=1, le=64, description="Engine replica actors.")
-    max_running: int = Field(16, ge=1, le=4096, description="Requests a replica batches at once.")
-    max_queue: int = Field(64, ge=0, le=100_000, description="Requests that may wait per replica.")
-    max_context_tokens: int = Field(1024, ge=16, description="Context budget per sequence.")
-    candidate_cap: int = Field(
-        64,
-        ge=1,
-        description="Memory cap on a token's recorded top-p candidate set: the engine samples "
-        "from the true nucleus (sampling.top_p), and a nucleus larger than this is cut to its "
-        "most probable tokens for sampling and replay alike (the monitor shows set sizes).",
-    )
-    prefix_cache_tokens: int = Field(200_000, ge=0, description="Prefix cache capacity in tokens.")
-    tp: Literal[1, 2, 4, 8] = Field(1, description="Tensor-parallel degree of each replica.")
-    num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica actor.")
-    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica actor.")
-    resources: dict[str, float] = Field(
-        default_factory=dict,
-        description="Custom Ray resources per replica actor; it is placed on a node "
-        "that offers them.",
-    )
-    weight_transport: Literal["object_store", "collective"] = Field(
-        "object_store",
-        description="How new weights reach the replicas: the Ray object store, or a "
-        "torch.distributed broadcast from the trainer (NCCL between GPUs, gloo on CPUs).",
-    )
-    weight_sync_timeout_s: float = Field(
-        60.0, gt=0, description="Bound on one weight publication before a replica is dropped."
-    )
-    record_selections: bool = Field(
-        False,
-        description="Record every row's Sparse GQA block selections with its routes, for "
-        "trainer.replay_selections (tp=1 on the CPU only).",
-    )
-    route_gates: Literal["float32", "bfloat16", "none"] = Field(
-        "float32",
-        description="Gates sent with recorded routes: fp32 (needed by "
-        "trainer.replay_experts indices_and_gates), bf16, or none (indices replay recomputes "
-        "them from the current router).",
-    )
-    speculative_tokens: int = Field(
-        0,
-        ge=0,
-        le=8,
-        description="MTP speculative decoding: drafts per verify step (0 = off); at most the "
-        "model's max_speculative_tokens; CPU replicas with tp 1 only. Tokens are unchanged.",
-    )
-    cuda_graphs: bool = Field(
-        True,
-        description="GPU replicas (tp 1) replay decode steps as CUDA graphs; same bits as eager.",
-    )
-    cuda_graph_capture: Literal["start", "lazy"] = Field(
-        "start",
-        description="Capture every decode graph when the replica starts, or each on first use.",
-    )
-
-    @model_validator(mode="after")
-    def _speculative_on_cpu(self) -> EngineSection:
-        if self.speculative_tokens and (self.tp != 1 or self.num_gpus > 0):
-            raise ValueError(
-                "engine.speculative_tokens > 0 needs tp 1 and num_gpus 0 (the rollback of "
-                "rejected drafts is implemented for the reference KV caches only)"
-            )
-        return self
-
-
-SamplingSection = SamplingConfig  # the one sampling configuration (rlsys.config.sampling)
 
 
 class RolloutSection(_Section):
@@ -350,8 +279,8 @@ class JobConfig(_Section):
     name: str = Field("rlsys-job", min_length=1, max_length=200, description="Job name.")
     seed: int = Field(0, description="Seed of everything random.")
     model: ModelSection = Field(default_factory=ModelSection)
-    engine: EngineSection = Field(default_factory=EngineSection)
-    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
@@ -376,12 +305,7 @@ class JobConfig(_Section):
                 "trainer.replay_selections needs engine.record_selections: the trainer can "
                 "only replay the selections the engine recorded"
             )
-        spec = self.engine.speculative_tokens
-        if spec and spec > (limit := self.model.resolve().max_speculative_tokens):
-            raise ValueError(
-                f"engine.speculative_tokens ({self.engine.speculative_tokens}) must be <= "
-                f"{limit} for this model (MTP depth, Sparse GQA block and SWA tile)"
-            )
+        self.engine.check_model(self.model.resolve())
         if self.trainer.groups_per_step > self.rollout.groups_in_flight:
             raise ValueError(
                 "trainer.groups_per_step must be <= rollout.groups_in_flight "
@@ -396,29 +320,45 @@ class JobConfig(_Section):
                 f"({lookahead}): more groups would be generated than can be trained "
                 "before they go stale"
             )
-        if self.engine.weight_transport == "collective" and (self.engine.num_gpus > 0) != (
+        gpus = self.engine.placement.num_gpus
+        if self.engine.weight_transport == "collective" and (gpus > 0) != (
             self.trainer.num_gpus > 0
         ):
             raise ValueError(
                 "engine.weight_transport: collective needs the trainer and the replicas on "
                 f"the same kind of device (trainer.num_gpus {self.trainer.num_gpus}, "
-                f"engine.num_gpus {self.engine.num_gpus}): both > 0 (NCCL) or both 0 (gloo)"
+                f"engine.placement.num_gpus {gpus}): both > 0 (NCCL) or both 0 (gloo)"
             )
-        if (
-            self.engine.tp > 1
-            and self.engine.num_gpus > 0
-            and self.engine.num_gpus != self.engine.tp
-        ):
+        if self.engine.tp > 1 and gpus > 0 and gpus != self.engine.tp:
             raise ValueError(
-                f"engine.tp ({self.engine.tp}) with engine.num_gpus "
-                f"({self.engine.num_gpus}): a GPU replica runs one NCCL rank per GPU, so "
-                "num_gpus must equal tp (or be 0: TP on the CPU)"
+                f"engine.tp ({self.engine.tp}) with engine.placement.num_gpus ({gpus}): a GPU "
+                "replica runs one NCCL rank per GPU, so num_gpus must equal tp (or be 0: TP "
+                "on the CPU)"
             )
+        self._replica_device_follows_placement()
         self._backend_fits_model()
         self._data_parallel_supports()
         if self.sampling.max_tokens_per_turn >= self.engine.max_context_tokens:
             raise ValueError("sampling.max_tokens_per_turn must be < engine.max_context_tokens")
         return self
+
+    def _replica_device_follows_placement(self) -> None:
+        """A replica runs where Ray put it: `device` and `tp_backend` follow
+        `engine.placement.num_gpus`; the engine's seed is the job's unless given."""
+        on_gpu = self.engine.placement.num_gpus > 0
+        if self.engine.device.startswith("cuda") != on_gpu:
+            raise ValueError(
+                f"engine.device {self.engine.device!r}: a replica runs on the device Ray gives "
+                f"it (engine.placement.num_gpus {self.engine.placement.num_gpus}); leave "
+                "engine.device out"
+            )
+        if (self.engine.tp_backend == "nccl") != (on_gpu and self.engine.tp > 1):
+            raise ValueError(
+                f"engine.tp_backend {self.engine.tp_backend!r}: nccl exactly when a GPU replica "
+                "has tp > 1 (engine.placement.num_gpus > 0); leave engine.tp_backend out"
+            )
+        if "seed" not in self.engine.model_fields_set:
+            self.engine = self.engine.model_copy(update={"seed": self.seed})
 
     def _data_parallel_supports(self) -> None:
         """What does not run sharded yet is refused here, by field (rlsys.trainer.fsdp)."""

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig
-from rlsys.engine.api import GenerationRequest, GenerationResult, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest, GenerationResult
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runners import make_runner
 from rlsys.engine.sampler import behaviour_log_probs
@@ -54,7 +55,7 @@ def run_engine(
     engine_cfg: EngineConfig,
     state: dict[str, torch.Tensor],
     prompts: list[list[int]],
-    sampling: SamplingParams,
+    sampling: SamplingConfig,
 ) -> tuple[list[tuple[list[int], GenerationResult]], int]:
     """Two turns per session through one `EngineCore`; returns (prompt, result) pairs."""
     core = EngineCore(model_cfg, engine_cfg, make_runner(model_cfg, engine_cfg, state))
@@ -117,7 +118,7 @@ Recompute = Callable[[Transformer, Pairs, float], tuple[float, int]]
 def alignment_report(
     model_cfg: ModelConfig,
     engine_cfg: EngineConfig,
-    sampling: SamplingParams,
+    sampling: SamplingConfig,
     degrees: list[int],
     seed: int = 0,
     sessions: int = 6,

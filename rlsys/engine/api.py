@@ -17,38 +17,22 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling. `candidate_cap` bounds the recorded top-p candidate set."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = ()
-    stop_strings: tuple[str, ...] = ()
-    seed: int | None = None
-    candidate_cap: int = 64
-
-    @classmethod
-    def from_config(cls, sampling: SamplingConfig, candidate_cap: int) -> SamplingParams:
-        """A request's sampling from the job's one sampling configuration."""
-        return cls(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=sampling.max_tokens_per_turn,
-            candidate_cap=candidate_cap,
-        )
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
-    """One turn's generation: `prompt_ids` is the whole context so far (token ids)."""
+    """One turn's generation: `prompt_ids` is the whole context so far (token ids).
+
+    `sampling` is the job's one sampling configuration, validated when it was made
+    (`max_tokens_per_turn` bounds this request's generated tokens); the engine's
+    `candidate_cap` bounds the recorded candidate sets. What is this request's own: the
+    stop ids and strings, and a seed (None: derived from the engine seed and the id).
+    """
 
     request_id: str
     session_id: str
     prompt_ids: list[int]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
 
 
 @dataclass

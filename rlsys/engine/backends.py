@@ -16,9 +16,9 @@ from typing import Protocol
 
 from torch import Tensor
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.job import JobConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
-from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineStats
 from rlsys.tokenizer import VOCAB_SIZE
 
@@ -34,8 +34,9 @@ class ReplicaEngine(Protocol):
 
 
 def engine_config(cfg: JobConfig) -> EngineConfig:
-    # the engine samples only tokenizer ids (the trainer's valid_vocab is the same)
-    return EngineConfig.from_job(cfg.engine, cfg.seed, sample_vocab=VOCAB_SIZE)
+    """The job's engine section as a replica runs it: sampling only tokenizer ids (the
+    trainer's valid_vocab is the same)."""
+    return cfg.engine.copy_with(sample_vocab=VOCAB_SIZE)
 
 
 def _native(cfg: JobConfig) -> ReplicaEngine:

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
-from rlsys.engine.config import EngineConfig
 from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
 from rlsys.engine.route_log import RouteLog
 from rlsys.engine.runner import DraftingRunner, ModelRunner
@@ -102,14 +102,12 @@ class EngineCore:
                 error=error,
                 prompt_tokens=len(request.prompt_ids),
             )
-        s = request.sampling
-        rng = torch.Generator().manual_seed(request_seed(s.seed, self.cfg.seed, request.request_id))
+        seed = request_seed(request.seed, self.cfg.seed, request.request_id)
         self.waiting.append(
             Sequence(
                 request,
-                rng,
-                min(self.cfg.candidate_cap, s.candidate_cap),
-                [self.tokenizer.encode(text) for text in s.stop_strings],
+                torch.Generator().manual_seed(seed),
+                [self.tokenizer.encode(text) for text in request.stop_strings],
                 RouteLog(self.model_cfg.n_experts, self.cfg.route_gates),
             )
         )
@@ -207,7 +205,9 @@ class EngineCore:
         # tokens on the device, inside the step (decode graphs), from their own generators
         sampling = None
         if all(len(c) == 1 and seq.num_pending == 1 for seq, c in batch):
-            sampling = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s, _ in batch]
+            sampling = [
+                RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s, _ in batch
+            ]
         keys, chunks = [s.cache_key for s, _ in batch], [c for _, c in batch]
         launch = getattr(self.runner, "launch", None)
         collect = launch(keys, chunks, sampling) if launch is not None else None
@@ -297,7 +297,7 @@ class EngineCore:
         drawn = [s.presampled for s in active]
         if todo:
             rows = [active[i] for i in todo]
-            params = [RowParams(s.request.sampling, s.candidate_cap, s.rng) for s in rows]
+            params = [RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s in rows]
             logits = torch.stack([current[i] for i in todo])
             for i, tok in zip(
                 todo, sample_batch(logits, params, self.cfg.sample_vocab), strict=True
@@ -339,7 +339,7 @@ class EngineCore:
         drafts = runner.draft([s.cache_key for s in seqs], [s.tokens for s in seqs])  # type: ignore[misc]
         for seq, guess in zip(seqs, drafts, strict=True):
             room = min(
-                seq.request.sampling.max_tokens - seq.num_generated,
+                seq.request.sampling.max_tokens_per_turn - seq.num_generated,
                 self.cfg.max_context_tokens - len(seq.tokens),
             )
             seq.drafts = guess[: max(room - 1, 0)]

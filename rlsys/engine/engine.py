@@ -17,10 +17,10 @@ from concurrent.futures import Future
 
 from torch import Tensor
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
 from rlsys.engine.command_queue import CommandQueue
-from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineCore, EngineStats
 from rlsys.engine.runners import make_runner
 from rlsys.tokenizer import ByteTokenizer

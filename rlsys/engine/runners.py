@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 
 from torch import Tensor
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig
-from rlsys.engine.config import EngineConfig
 from rlsys.engine.runner import LocalRunner, ModelRunner
 
 RunnerFactory = Callable[[ModelConfig, Mapping[str, Tensor] | None, int, int], ModelRunner]

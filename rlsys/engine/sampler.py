@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from rlsys import kernels
-from rlsys.engine.api import SamplingParams
+from rlsys.config.sampling import SamplingConfig
 from rlsys.model import candidate_mask, token_log_probs
 
 
@@ -70,7 +70,7 @@ def request_seed(seed: int | None, engine_seed: int, request_id: str) -> int:
 class RowParams:
     """What one row's draw needs: its sampling parameters, candidate cap and generator."""
 
-    params: SamplingParams
+    params: SamplingConfig
     cap: int
     rng: torch.Generator | None = None
 
@@ -200,11 +200,12 @@ def _candidates(z: Tensor, p: RowTensors, width: int, head: int) -> tuple[Tensor
 
 def candidate_set(z: Tensor, top_k: int, top_p: float, cap: int) -> tuple[Tensor, bool]:
     """Candidate ids (C,) in descending probability of z (V,), and whether the cap cut it."""
-    row = RowParams(SamplingParams(top_k=top_k, top_p=top_p), cap)
+    row = RowParams(SamplingConfig(top_k=top_k, top_p=top_p), cap)
     ids, capped = candidate_sets(z[None], [row])
     return ids[0][ids[0] >= 0], bool(capped[0])
 
 
-def sample(logits: Tensor, params: SamplingParams, cap: int, rng: torch.Generator) -> SampledToken:
-    """Draw one token from a fp32 logits row (V,) under `params`: `sample_batch` of one row."""
-    return sample_batch(logits[None], [RowParams(params, min(cap, params.candidate_cap), rng)])[0]
+def sample(logits: Tensor, params: SamplingConfig, cap: int, rng: torch.Generator) -> SampledToken:
+    """Draw one token from a fp32 logits row (V,) under `params` with candidate cap `cap`
+    (the engine's): `sample_batch` of one row."""
+    return sample_batch(logits[None], [RowParams(params, cap, rng)])[0]

@@ -27,7 +27,6 @@ from rlsys.engine.sampler import SampledToken
 class Sequence:
     request: GenerationRequest
     rng: torch.Generator
-    candidate_cap: int
     stop_sequences: list[list[int]]
     routes: RouteLog
     tokens: list[int] = field(default_factory=list)
@@ -62,10 +61,10 @@ class Sequence:
     def stop_reason(self, max_context: int) -> FinishReason | None:
         """Why generation ends after the newest token (stop before length), or None."""
         gen = self.tokens[self.prompt_len :]
-        if gen[-1] in self.request.sampling.stop_token_ids:
+        if gen[-1] in self.request.stop_token_ids:
             return "stop"
         if any(len(s) <= len(gen) and gen[-len(s) :] == s for s in self.stop_sequences):
             return "stop"
-        if len(gen) >= self.request.sampling.max_tokens or len(self.tokens) >= max_context:
+        if len(gen) >= self.request.sampling.max_tokens_per_turn or len(self.tokens) >= max_context:
             return "length"
         return None

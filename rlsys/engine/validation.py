@@ -7,8 +7,7 @@ have joined.
 
 from __future__ import annotations
 
-import math
-
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.api import GenerationRequest
 
 
@@ -29,38 +28,26 @@ def request_error(request: GenerationRequest, vocab_size: int, max_context: int)
 
 
 def sampling_error(request: GenerationRequest, vocab_size: int) -> str | None:
-    s = request.sampling
+    """What the request itself adds to its sampling (the `SamplingConfig` it carries was
+    validated when it was made: temperature, top-p/k and the token budget are not
+    checked again here)."""
+    r = request
     checks = [
         (
-            isinstance(s.temperature, int | float)
-            and math.isfinite(s.temperature)
-            and s.temperature > 0,
-            f"sampling.temperature={s.temperature!r} must be a finite number > 0 (top_k=1 is greedy)",
+            isinstance(r.sampling, SamplingConfig),
+            f"sampling={type(r.sampling).__name__}: must be a SamplingConfig",
         ),
         (
-            isinstance(s.top_p, int | float) and 0 < s.top_p <= 1,
-            f"sampling.top_p={s.top_p!r} must be in (0, 1]",
-        ),
-        (isinstance(s.top_k, int) and s.top_k >= 0, f"sampling.top_k={s.top_k!r} must be >= 0"),
-        (
-            isinstance(s.max_tokens, int) and s.max_tokens >= 1,
-            f"sampling.max_tokens={s.max_tokens!r} must be >= 1",
+            all(isinstance(t, int) and 0 <= t < vocab_size for t in r.stop_token_ids),
+            f"stop_token_ids={r.stop_token_ids!r} must be ids in [0, {vocab_size})",
         ),
         (
-            isinstance(s.candidate_cap, int) and s.candidate_cap >= 1,
-            f"sampling.candidate_cap={s.candidate_cap!r} must be >= 1",
+            all(isinstance(t, str) and t for t in r.stop_strings),
+            f"stop_strings={r.stop_strings!r} must be non-empty strings",
         ),
         (
-            all(isinstance(t, int) and 0 <= t < vocab_size for t in s.stop_token_ids),
-            f"sampling.stop_token_ids={s.stop_token_ids!r} must be ids in [0, {vocab_size})",
-        ),
-        (
-            all(isinstance(t, str) and t for t in s.stop_strings),
-            f"sampling.stop_strings={s.stop_strings!r} must be non-empty strings",
-        ),
-        (
-            s.seed is None or (isinstance(s.seed, int) and 0 <= s.seed < 2**63),
-            f"sampling.seed={s.seed!r} must be an int in [0, 2**63)",
+            r.seed is None or (isinstance(r.seed, int) and 0 <= r.seed < 2**63),
+            f"seed={r.seed!r} must be an int in [0, 2**63)",
         ),
     ]
     for ok, message in checks:

@@ -37,9 +37,9 @@ from typing import Any
 
 from torch import Tensor
 
+from rlsys.config.engine import EngineConfig
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.command_queue import CommandQueue
-from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineStats
 from rlsys.engine.validation import request_error
 from rlsys.engine.vllm_records import token_record
@@ -204,15 +204,15 @@ class VllmEngine:
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1,
-            max_tokens=min(s.max_tokens, room),
-            stop_token_ids=list(s.stop_token_ids),
-            seed=s.seed,
-            logprobs=min(s.candidate_cap, self.cfg.candidate_cap),
+            max_tokens=min(s.max_tokens_per_turn, room),
+            stop_token_ids=list(request.stop_token_ids),
+            seed=request.seed,
+            logprobs=self.cfg.candidate_cap,
             detokenize=False,
             allowed_token_ids=self.allowed,
             output_kind=RequestOutputKind.DELTA,
         )
-        stops = [self.tokenizer.encode(text) for text in s.stop_strings]
+        stops = [self.tokenizer.encode(text) for text in request.stop_strings]
         pending = _Pending(request, future, stops)
         self._pending[request.request_id] = pending
         try:

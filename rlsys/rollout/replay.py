@@ -33,13 +33,13 @@ class ReplayGenerator:
             raise entry
         produced = entry(request) if callable(entry) else entry
         ids = ByteTokenizer().encode(produced) if isinstance(produced, str) else list(produced)
-        ids = ids[: request.sampling.max_tokens]
+        ids = ids[: request.sampling.max_tokens_per_turn]
         result = GenerationResult(
             request_id=request.request_id,
             token_ids=ids,
             logprobs=[0.0] * len(ids),
             versions=[self.version] * len(ids),
-            finish_reason="stop" if len(ids) < request.sampling.max_tokens else "length",
+            finish_reason="stop" if len(ids) < request.sampling.max_tokens_per_turn else "length",
             prompt_tokens=len(request.prompt_ids),
         )
         self.results.append(result)

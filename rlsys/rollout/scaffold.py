@@ -25,13 +25,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlsys.config.sampling import SamplingConfig
-from rlsys.engine.api import GenerationRequest, GenerationResult, Generator, SamplingParams
+from rlsys.engine.api import GenerationRequest, GenerationResult, Generator
 from rlsys.rollout.compaction import STATE_CLOSE, CompactionConfig, extract_state, resume_prompt
 from rlsys.rollout.events import EventSink
 from rlsys.rollout.failures import RolloutAbort, RolloutFailure, describe, tail
@@ -61,9 +61,6 @@ class ScaffoldConfig(BaseModel):
         default_factory=lambda: SamplingConfig(max_tokens_per_turn=512),
         description="The job's sampling section (temperature, top-p/k, tokens per turn).",
     )
-    candidate_cap: int = Field(
-        64, ge=1, description="Recorded top-p candidates per token (the engine section's)."
-    )
     malformed_penalty: float = Field(-0.1, le=0.0, description="Per malformed action.")
     blocked_hack_penalty: float = Field(-0.5, le=0.0, description="Per refused hack attempt.")
     rollout_timeout_s: float = Field(600.0, gt=0, description="Wall limit of one rollout.")
@@ -76,9 +73,6 @@ class ScaffoldConfig(BaseModel):
     def max_new_tokens(self) -> int:
         """Generation budget of one turn."""
         return self.sampling.max_tokens_per_turn
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams.from_config(self.sampling, self.candidate_cap)
 
 
 @dataclass
@@ -225,9 +219,9 @@ class AgentLoop:
             request_id=f"{self.traj.rollout_id}:{p.turn}",
             session_id=self.session_id,
             prompt_ids=list(seg.token_ids),
-            sampling=replace(
-                self.config.sampling_params(), max_tokens=max_tokens, stop_strings=stops
-            ),
+            # the job's sampling; this turn's budget (an action's, or a compaction's)
+            sampling=self.config.sampling.model_copy(update={"max_tokens_per_turn": max_tokens}),
+            stop_strings=stops,
         )
         try:
             result = self.generator.generate(request)

@@ -28,37 +28,32 @@ def test_vllm_tiny_config_is_valid_and_resolves_its_model_directory():
 
 
 def test_gpu_example_config_is_valid_and_places_models_on_cuda(monkeypatch):
-    from rlsys.engine.config import EngineConfig
-
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # submitted to a GPU cluster
     cfg = load_job_config(str(QUICKSTART.parent / "gpu-example.yaml"))
-    assert cfg.engine.num_gpus == 1 and cfg.trainer.num_gpus == 1
+    assert cfg.engine.placement.num_gpus == 1 and cfg.trainer.num_gpus == 1
     assert cfg.engine.weight_transport == "collective"
-    assert EngineConfig.from_job(cfg.engine, cfg.seed).device == "cuda"
-    assert EngineConfig.from_job(load_job_config(str(QUICKSTART)).engine, 0).device == "cpu"
+    assert cfg.engine.device == "cuda"  # the section is the engine's configuration
+    assert load_job_config(str(QUICKSTART)).engine.device == "cpu"
 
 
 @pytest.mark.parametrize("name, tp, gpus", [("gpu-2x.yaml", 1, 2), ("gpu-tp2.yaml", 2, 3)])
 def test_gpu_job_configs_are_valid(name, tp, gpus, monkeypatch):
-    from rlsys.engine.config import EngineConfig
-
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # validated as on a GPU node
     cfg = load_job_config(str(QUICKSTART.parent / name))
-    engine = EngineConfig.from_job(cfg.engine, cfg.seed)
+    engine, placement = cfg.engine, cfg.engine.placement
     assert engine.tp == tp and engine.device == "cuda"
-    assert engine.tp_backend == ("nccl" if tp > 1 else engine.tp_backend)
-    assert cfg.engine.replicas * cfg.engine.num_gpus + cfg.trainer.num_gpus == gpus
+    assert engine.tp_backend == ("nccl" if tp > 1 else "threads")
+    assert placement.replicas * placement.num_gpus + cfg.trainer.num_gpus == gpus
     assert cfg.rollout.task["type"] == "code"
 
 
 def test_one_gpu_config_is_the_quickstart_on_a_shared_gpu(monkeypatch):
-    from rlsys.engine.config import EngineConfig
-
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # validated as on a GPU node
     cfg = load_job_config(str(QUICKSTART.parent / "gpu-1x.yaml"))
     quick = load_job_config(str(QUICKSTART))
-    assert EngineConfig.from_job(cfg.engine, cfg.seed).device == "cuda"
-    assert cfg.engine.replicas * cfg.engine.num_gpus + cfg.trainer.num_gpus == 1
+    placement = cfg.engine.placement
+    assert cfg.engine.device == "cuda"
+    assert placement.replicas * placement.num_gpus + cfg.trainer.num_gpus == 1
     assert cfg.engine.weight_transport == "object_store"  # no NCCL within one GPU
     assert cfg.rollout == quick.rollout and cfg.algo == quick.algo
     assert cfg.trainer.model_copy(update={"num_gpus": 0.0, "num_cpus": 1.0}) == quick.trainer
@@ -67,7 +62,13 @@ def test_one_gpu_config_is_the_quickstart_on_a_shared_gpu(monkeypatch):
 @pytest.mark.parametrize(
     "sets, message",
     [
-        (("engine.replicas=0",), "engine.replicas: Input should be greater than or equal to 1"),
+        (
+            ("engine.replicas=0",),
+            "engine.placement.replicas: Input should be greater than or equal to 1",
+        ),
+        (("engine.placement.replicas=3",), "engine.replicas and engine.placement.replicas"),
+        (("engine.device=cuda",), "engine.device 'cuda': a replica runs on the device Ray"),
+        (("sampling.top_p=1.5",), "sampling.top_p: Input should be less than or equal to 1"),
         (("engine.replicaz=2",), "engine.replicaz: unknown key"),
         (("engine.tp=3",), "engine.tp:"),
         (("trainer.lr=fast",), "trainer.lr: Input should be a valid number"),
@@ -86,10 +87,11 @@ def test_one_gpu_config_is_the_quickstart_on_a_shared_gpu(monkeypatch):
             "(algo.max_staleness + 1) (8)",
         ),
         (("rollout.pipeline=lockstep",), "rollout.pipeline: Input should be 'async' or 'sync'"),
-        (("engine.num_gpus=1",), "engine.num_gpus"),
+        (("engine.num_gpus=1",), "engine.placement.num_gpus / trainer.num_gpus: > 0 but"),
         (
             ("engine.num_gpus=1", "engine.tp=2"),
-            "engine.tp (2) with engine.num_gpus (1.0): a GPU replica runs one NCCL rank per GPU",
+            "engine.tp (2) with engine.placement.num_gpus (1.0): a GPU replica runs one NCCL "
+            "rank per GPU",
         ),
         (
             ("engine.num_gpus=1", "engine.weight_transport=collective"),
@@ -147,7 +149,8 @@ def test_run_with_a_bad_config_exits_2_and_starts_nothing(tmp_path):
         timeout=120,
     )
     assert res.returncode == 2
-    assert "engine.replicas" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "engine.placement.replicas" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []  # no ledger, no run directory
     assert "ray" not in res.stderr.lower()
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig, preset
-from rlsys.engine.api import GenerationRequest, GenerationResult, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest, GenerationResult
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runners import make_runner
 from rlsys.engine.sampler import behaviour_log_probs
@@ -44,9 +45,16 @@ def run_all(core: EngineCore, requests: list[GenerationRequest]) -> dict[str, Ge
     return done
 
 
-def request(rid: str, prompt: list[int], **sampling: object) -> GenerationRequest:
-    params = SamplingParams(**{"max_tokens": 10, "seed": 7, **sampling})  # type: ignore[arg-type]
-    return GenerationRequest(rid, rid, prompt, params)
+REQUEST_OWN = ("seed", "stop_strings", "stop_token_ids")
+
+
+def request(rid: str, prompt: list[int], **options: object) -> GenerationRequest:
+    """A request with `options`: sampling fields (`max_tokens` is `max_tokens_per_turn`)
+    and the request's own (seed, stop strings and ids)."""
+    options = {"max_tokens": 10, "seed": 7, **options}
+    own = {k: options.pop(k) for k in REQUEST_OWN if k in options}
+    options["max_tokens_per_turn"] = options.pop("max_tokens")
+    return GenerationRequest(rid, rid, prompt, SamplingConfig(**options), **own)  # type: ignore[arg-type]
 
 
 def trainer_log_probs(

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import preset
-from rlsys.engine.api import GenerationRequest, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runner import LocalRunner
 from rlsys.model import Transformer
@@ -94,11 +95,11 @@ def test_engine_generations_with_decode_graphs_match_the_eager_engine(sampler: b
     for graphs in (False, True):
         runner = _runner(cfg, state, graphs, sampler=sampler)
         core = EngineCore(cfg, ecfg, runner)
-        params = SamplingParams(max_tokens=6, seed=3, top_p=0.9)
+        params = SamplingConfig(max_tokens_per_turn=6, top_p=0.9)
         shared = [5, 6, 7, 8, 9, 10, 11]
         for i in range(4):  # the last two reuse the first's prompt: prefix-cache hits
             prompt = shared + [12 + i] if i < 2 else shared + [12]
-            core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params))
+            core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=3))
         done = []
         while len(done) < 4:
             done += core.step()

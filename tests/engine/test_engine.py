@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from rlsys.engine.api import GenerationRequest, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.engine import EngineConfig
+from rlsys.engine.api import GenerationRequest
 from rlsys.engine.engine import InferenceEngine
 from rlsys.tokenizer import ByteTokenizer
 from tests.engine.conftest import prompts, request, tiny, trainer_log_probs
@@ -61,9 +61,9 @@ def test_bad_requests_fail_alone_and_the_others_are_served(engine_and_model) -> 
         "empty": GenerationRequest("empty", "s", []),
         "long": GenerationRequest("long", "s", [1] * 96),
         "unknown": GenerationRequest("unknown", "s", [1, 64, 2]),
-        "temp": GenerationRequest("temp", "s", [1], SamplingParams(temperature=0.0)),
-        "top_p": GenerationRequest("top_p", "s", [1], SamplingParams(top_p=1.5)),
-        "max": GenerationRequest("max", "s", [1], SamplingParams(max_tokens=0)),
+        "stop_id": GenerationRequest("stop_id", "s", [1], stop_token_ids=(64,)),
+        "stop_text": GenerationRequest("stop_text", "s", [1], stop_strings=("",)),
+        "seed": GenerationRequest("seed", "s", [1], seed=-1),
     }
     good = request("good", prompts(2)[1])
     futures = {rid: engine.submit(req) for rid, req in bad.items()}

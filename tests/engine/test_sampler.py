@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlsys.engine.api import SamplingParams
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.sampler import candidate_set, sample
 from rlsys.model import token_log_probs
 
@@ -29,7 +29,7 @@ def test_cap_cuts_the_tail_and_says_so() -> None:
 
 def test_sampled_token_is_in_its_candidates_with_the_restricted_log_prob() -> None:
     logits = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 3
-    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=20)
+    params = SamplingConfig(temperature=0.7, top_p=0.9, top_k=20)
     tok = sample(logits, params, 8, torch.Generator().manual_seed(1))
     assert tok.token_id in tok.candidates and len(tok.candidates) <= 8
     cand = torch.tensor([tok.candidates])
@@ -39,7 +39,7 @@ def test_sampled_token_is_in_its_candidates_with_the_restricted_log_prob() -> No
 
 def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
     logits = torch.zeros(64)
-    params = SamplingParams()
+    params = SamplingConfig()
 
     def draw(seed: int) -> list[int]:
         rng = torch.Generator().manual_seed(seed)
@@ -51,5 +51,5 @@ def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
 
 def test_top_k_one_is_greedy_with_log_prob_zero() -> None:
     logits = torch.tensor([0.1, 2.0, 1.9])
-    tok = sample(logits, SamplingParams(top_k=1), 64, torch.Generator())
+    tok = sample(logits, SamplingConfig(top_k=1), 64, torch.Generator())
     assert tok.token_id == 1 and tok.logprob == 0.0 and tok.candidates == [1]

@@ -10,10 +10,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.job import JobConfig
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import GenerationResult
-from rlsys.engine.config import EngineConfig
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runner import snapshot
 from rlsys.model import ModelCache, SlidingKVCache, Transformer

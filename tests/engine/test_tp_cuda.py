@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlsys.config.engine import EngineConfig
 from rlsys.config.model import preset
+from rlsys.config.sampling import SamplingConfig
 from rlsys.engine.align import alignment_report
-from rlsys.engine.api import SamplingParams
-from rlsys.engine.config import EngineConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,7 +23,7 @@ pytestmark = [
 
 def test_tp2_over_nccl_is_bitwise_the_trainers_tp1_forward() -> None:
     engine = EngineConfig(device="cuda", tp_backend="nccl", max_context_tokens=512)
-    sampling = SamplingParams(max_tokens=8, top_p=0.9)
+    sampling = SamplingConfig(max_tokens_per_turn=8, top_p=0.9)
     rows = alignment_report(preset("medium"), engine, sampling, [1, 2], device="cuda")
     for row in rows:
         assert row.num_tokens > 0 and row.max_abs_logprob_diff == 0.0, row
@@ -44,11 +44,11 @@ def test_tp2_replica_loads_weights_received_on_its_gpu() -> None:
     one = InferenceEngine(cfg, base)
     two = InferenceEngine(cfg, base.model_copy(update={"tp": 2, "tp_backend": "nccl"}))
     try:
-        sampling = SamplingParams(max_tokens=12, top_p=0.9, seed=3)
+        sampling = SamplingConfig(max_tokens_per_turn=12, top_p=0.9)
         results = []
         for engine in (one, two):
             engine.update_weights(state, 5)
-            req = GenerationRequest("r", "r", list(range(40, 90)), sampling)
+            req = GenerationRequest("r", "r", list(range(40, 90)), sampling, seed=3)
             results.append(engine.generate(req))
         a, b = results
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs

@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from rlsys.engine.api import GenerationRequest, SamplingParams
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest
 from tests.hf_models import needs_vllm
 from tests.trainer.helpers import behaviour, generator_trajectories, make_trainer
 
@@ -24,7 +25,7 @@ VOCAB = 259
 def engine(request, hf_model_dirs):
     """A running VllmEngine per model kind, one start-up each for the whole module (one at a
     time: vLLM's in-process engine holds process-wide state)."""
-    from rlsys.engine.config import EngineConfig
+    from rlsys.config.engine import EngineConfig
     from rlsys.engine.vllm_engine import VllmEngine
 
     cfg = EngineConfig(max_running=8, max_context_tokens=512, candidate_cap=VOCAB,
@@ -40,8 +41,11 @@ def _recorded(trajs: list) -> torch.Tensor:
     return torch.cat([behaviour(t) for t in trajs])
 
 
-def _request(rid: str, prompt: list[int], **sampling: object) -> GenerationRequest:
-    return GenerationRequest(rid, rid, prompt, SamplingParams(candidate_cap=VOCAB, **sampling))
+def _request(rid: str, prompt: list[int], max_tokens: int, seed: int | None = None,
+             **sampling: object) -> GenerationRequest:  # fmt: skip
+    """A request; the engine's candidate_cap (VOCAB) records every top-p set whole."""
+    config = SamplingConfig(max_tokens_per_turn=max_tokens, **sampling)  # type: ignore[arg-type]
+    return GenerationRequest(rid, rid, prompt, config, seed=seed)
 
 
 def test_tokens_come_back_with_log_probs_versions_and_exact_top_p_sets(engine):
@@ -82,9 +86,7 @@ def test_vllm_log_probs_match_the_trainer_recompute_closely(engine, hf_model_dir
     from rlsys.model.hf_policy import HFPolicy
 
     kind = engine.kind
-    trajs = generator_trajectories(
-        engine, VOCAB, groups=2, group_size=2, turns=2, top_p=0.9, candidate_cap=VOCAB
-    )
+    trajs = generator_trajectories(engine, VOCAB, groups=2, group_size=2, turns=2, top_p=0.9)
     trainer = make_trainer(HFPolicy.from_pretrained(str(hf_model_dirs[kind])))
     recomputed = torch.cat(trainer.log_probs(trajs))
     diff = recomputed - _recorded(trajs)
@@ -112,7 +114,7 @@ def test_a_weight_update_versions_later_tokens_without_aborting_in_flight(engine
     assert r.versions == sorted(r.versions)  # one switch, old -> new
 
     # the new weights are the ones in use: vLLM and the trainer agree under them
-    trajs = generator_trajectories(engine, VOCAB, groups=1, turns=1, candidate_cap=VOCAB)
+    trajs = generator_trajectories(engine, VOCAB, groups=1, turns=1)
     assert all(v == 1 for t in trajs for v in t.segments[0].versions if v >= 0)
     recomputed = torch.cat(make_trainer(policy).log_probs(trajs))
     assert float((recomputed - _recorded(trajs)).abs().mean()) < 1e-3

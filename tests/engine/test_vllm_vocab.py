@@ -4,7 +4,8 @@ own module: one vLLM engine per process at a time (test_vllm_engine.py's are clo
 
 import pytest
 
-from rlsys.engine.api import GenerationRequest, SamplingParams
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest
 from tests.hf_models import needs_vllm
 from tests.trainer.helpers import behaviour
 
@@ -13,8 +14,8 @@ pytestmark = [pytest.mark.unit, needs_vllm]
 
 def test_only_tokenizer_ids_are_sampled_and_the_trainer_agrees(tmp_path):
     from rlsys.config.algo import AlgoConfig
+    from rlsys.config.engine import EngineConfig
     from rlsys.config.job import TrainerSection
-    from rlsys.engine.config import EngineConfig
     from rlsys.engine.vllm_engine import VllmEngine
     from rlsys.model.hf_policy import HFPolicy
     from rlsys.model.hf_tiny import build_tiny
@@ -25,8 +26,8 @@ def test_only_tokenizer_ids_are_sampled_and_the_trainer_agrees(tmp_path):
     cfg = EngineConfig(max_context_tokens=256, candidate_cap=320, sample_vocab=259)
     engine = VllmEngine(str(path), cfg)
     try:
-        sampling = SamplingParams(max_tokens=64, top_p=0.95, candidate_cap=320, seed=0)
-        r = engine.generate(GenerationRequest("v", "v", [300, 1, 2, 3], sampling))
+        sampling = SamplingConfig(max_tokens_per_turn=64, top_p=0.95)
+        r = engine.generate(GenerationRequest("v", "v", [300, 1, 2, 3], sampling, seed=0))
     finally:
         engine.close()
     assert r.error is None and len(r.token_ids) == 64

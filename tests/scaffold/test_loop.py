@@ -186,7 +186,8 @@ def test_compaction_starts_a_new_segment_from_the_policys_state():
         )
     )
     assert all(
-        len(r.prompt_ids) + r.sampling.max_tokens <= config.context_budget for r in gen.requests
+        len(r.prompt_ids) + r.sampling.max_tokens_per_turn <= config.context_budget
+        for r in gen.requests
     )
 
 

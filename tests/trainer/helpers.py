@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 
 from rlsys.config.algo import AlgoConfig
+from rlsys.config.engine import EngineConfig
 from rlsys.config.job import TrainerSection
 from rlsys.config.model import preset
-from rlsys.engine.api import GenerationRequest, Generator, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest, Generator
 from rlsys.engine.engine import InferenceEngine
 from rlsys.model import Transformer
 from rlsys.trainer import Trainer
@@ -80,7 +81,6 @@ def generator_trajectories(
     top_p: float = 1.0,
     seed: int = 0,
     context_routes: bool = True,
-    candidate_cap: int = 64,
 ) -> list[Trajectory]:
     """Trajectories whose policy turns `engine` (any backend) generated, as the scaffold
     records them."""
@@ -92,9 +92,7 @@ def generator_trajectories(
             seg = Segment()
             seg.append(prompt, turn=-1, policy=False)
             for turn in range(turns):
-                sampling = SamplingParams(
-                    max_tokens=tokens_per_turn, top_p=top_p, candidate_cap=candidate_cap
-                )
+                sampling = SamplingConfig(max_tokens_per_turn=tokens_per_turn, top_p=top_p)
                 rid = f"{g}-{m}-{turn}"
                 r = engine.generate(
                     GenerationRequest(rid, f"{g}-{m}", list(seg.token_ids), sampling)

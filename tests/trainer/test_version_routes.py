@@ -15,8 +15,9 @@ import copy
 import pytest
 import torch
 
-from rlsys.engine.api import GenerationRequest, GenerationResult, SamplingParams
-from rlsys.engine.config import EngineConfig
+from rlsys.config.engine import EngineConfig
+from rlsys.config.sampling import SamplingConfig
+from rlsys.engine.api import GenerationRequest, GenerationResult
 from rlsys.engine.core import EngineCore
 from rlsys.engine.runner import LocalRunner
 from rlsys.model import Transformer
@@ -45,8 +46,8 @@ def _moved(model: Transformer) -> Transformer:
 
 def _run(core: EngineCore, prompt: list[int], rid: str, update_after: int | None = None,
          state: dict | None = None) -> GenerationResult:  # fmt: skip
-    params = SamplingParams(max_tokens=8, seed=3)
-    core.add(GenerationRequest(rid, "s", prompt, params))
+    params = SamplingConfig(max_tokens_per_turn=8)
+    core.add(GenerationRequest(rid, "s", prompt, params, seed=3))
     steps, done = 0, []
     while not done:
         done = core.step()
