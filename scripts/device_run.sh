@@ -102,8 +102,9 @@ sys.exit(subprocess.run([bwrap_path(), '--unshare-all', '--die-with-parent', '--
         "${sandbox[@]}" ${JOB_ARGS:-} --json >"$OUT/job.json" 2>"$OUT/job.err"
       echo "job exit $?"; grep -v -i warn "$OUT/job.err" | tail -40
       grep '^step ' "$OUT/job.json" | tail -n 40
-      python3 -c "import json; d = json.loads(open('$OUT/job.json').read().strip().splitlines()[-1]); print({k: v for k, v in d.items() if k != 'steps'})
-for m in d['steps']: print(m['step'], m['reward_mean'], m['staleness'], m.get('mismatch'), m['step_s'])" || true
+      # the summary object (`--json` leaves the per-step series to the ledger; the step lines
+      # are in job.err)
+      python3 -c "import json; print(json.loads(open('$OUT/job.json').read().strip().splitlines()[-1]))" || true
       # The ledger runs in WAL mode: fold the log into the file first, so the copy holds
       # everything the job wrote (a bare copy of ledger.db can miss its last transactions).
       python3 -c "import sqlite3; c = sqlite3.connect('runs/ledger.db'); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" \
