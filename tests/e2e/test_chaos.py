@@ -109,13 +109,14 @@ def test_a_redis_outage_past_the_publish_window_ends_rollouts_failed_stream(
         finally:
             redis_server.start()
 
-    summary, _ = _run_with_fault(cfg, "j-chaos-stream", long_outage)
+    summary, fired = _run_with_fault(cfg, "j-chaos-stream", long_outage)
     failed = _rows(cfg, failed_sql, "j-chaos-stream")
+    seen = {k: summary.get(k) for k in ("status", "end_reason", "terminal", "stream_retries")}
     retried = {
         r
         for (r,) in _rows(cfg, "SELECT retry_of FROM rollouts WHERE job_id = :j", "j-chaos-stream")
     }
-    assert failed, "no rollout finished during the outage"
+    assert failed, f"no rollout met the outage (fired at {fired}; the job: {seen})"
     assert summary["terminal"]["failed_worker_lost"] == 0  # no worker died: never named so
     assert all(rid in retried for rid, attempt in failed if attempt == 0)  # linked retries
     assert_trained_exactly_once(cfg, summary, 3)
