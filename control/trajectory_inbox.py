@@ -24,7 +24,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlsys.ledger.stream import RolloutStream, StreamEntry, resume_consumer
+from rlsys.ledger.stream import (
+    RolloutStream,
+    StreamConnectionError,
+    StreamEntry,
+    resume_consumer,
+)
 
 CONSUMER = "trainer"
 READ_BATCH = 256
@@ -40,6 +45,7 @@ class TrajectoryInbox:
         self.held: dict[str, Any] = {}  # rollout id -> trajectory
         self.entries: dict[str, list[str]] = {}  # rollout id -> its entry ids (pending on us)
         self.dead: set[str] = set()  # rollouts ended without training: ack on sight
+        self.reply_lost = False  # a read failed on the connection: entries may be pending on us
 
     def resume(self, committed_entries: Sequence[str]) -> int:
         """Ack what the checkpoint consumed; take back every other pending entry."""
@@ -52,6 +58,11 @@ class TrajectoryInbox:
 
         They stay held (and pending) until `commit`: a failed step can be taken again."""
         deadline = time.monotonic() + timeout_s
+        if self.reply_lost:
+            # A read the stream carried out while its reply died with the connection left
+            # entries pending on us that `read` never returns again: take them back first.
+            self._hold(resume_consumer(self.stream, self.consumer, []))
+            self.reply_lost = False
         missing = [r for r in rollout_ids if r not in self.held]
         while missing:
             left_ms = int((deadline - time.monotonic()) * 1000)
@@ -62,7 +73,12 @@ class TrajectoryInbox:
                 )
             # Short blocking reads: the Redis backend refuses a block longer than its socket
             # timeout, and the loop re-checks the deadline.
-            self._hold(self.stream.read(self.consumer, READ_BATCH, block_ms=min(left_ms, 1000)))
+            try:
+                delivered = self.stream.read(self.consumer, READ_BATCH, block_ms=min(left_ms, 1000))
+            except StreamConnectionError:
+                self.reply_lost = True
+                raise
+            self._hold(delivered)
             missing = [r for r in missing if r not in self.held]
         return [self.held[r] for r in rollout_ids]
 
@@ -85,7 +101,10 @@ class TrajectoryInbox:
     def _hold(self, delivered: Sequence[StreamEntry]) -> None:
         late_dead = []
         for e in delivered:
-            self.entries.setdefault(e.rollout_id, []).append(e.entry_id)
+            known = self.entries.setdefault(e.rollout_id, [])
+            if e.entry_id in known:
+                continue  # delivered again (taken back after a lost reply): held already
+            known.append(e.entry_id)
             if e.rollout_id in self.dead:
                 late_dead.append(e.rollout_id)
             elif e.rollout_id not in self.held:

@@ -6,6 +6,7 @@ import pickle
 import pytest
 
 from rlsys.control.trajectory_inbox import MissingTrajectories, TrajectoryInbox
+from rlsys.ledger.stream import StreamConnectionError
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +62,31 @@ def test_a_rollout_published_twice_is_held_once_and_acked_once(stream):
     inbox._hold(stream.read(inbox.consumer, 10))
     assert inbox.size == 1 and inbox.commit(["a"]) == 1
     assert stream.position().length == 0
+
+
+class _LostReply:
+    """The stream carries out one read, then the connection dies before its reply arrives:
+    the entries are delivered (pending on the consumer) but the caller gets an error."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.armed = stream, True
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def read(self, consumer, count=1, block_ms=None):
+        delivered = self.stream.read(consumer, count, block_ms)
+        if self.armed and delivered:
+            self.armed = False
+            raise StreamConnectionError("connection lost with the reply")
+        return delivered
+
+
+def test_entries_whose_read_reply_was_lost_are_taken_back_on_the_retried_take(stream):
+    _publish(stream, ["a", "b"])
+    inbox = TrajectoryInbox(_LostReply(stream))
+    with pytest.raises(StreamConnectionError):
+        inbox.take(["a", "b"], timeout_s=5)  # the step fails; the controller retries it
+    assert inbox.take(["a", "b"], timeout_s=5) == [{"id": "a"}, {"id": "b"}]
+    assert inbox.commit(["a", "b"]) == 2  # each entry held once, acked once
+    assert stream.position().pending == 0
