@@ -42,10 +42,11 @@ def _recorded(trajs: list) -> torch.Tensor:
 
 
 def _request(rid: str, prompt: list[int], max_tokens: int, seed: int | None = None,
-             **sampling: object) -> GenerationRequest:  # fmt: skip
-    """A request; the engine's candidate_cap (VOCAB) records every top-p set whole."""
+             stop_strings: tuple[str, ...] = (), **sampling: object) -> GenerationRequest:  # fmt: skip
+    """A request; the engine's candidate_cap (VOCAB) records every top-p set whole. Stop
+    strings are the request's own, not the job's sampling configuration."""
     config = SamplingConfig(max_tokens_per_turn=max_tokens, **sampling)  # type: ignore[arg-type]
-    return GenerationRequest(rid, rid, prompt, config, seed=seed)
+    return GenerationRequest(rid, rid, prompt, config, stop_strings=stop_strings, seed=seed)
 
 
 def test_tokens_come_back_with_log_probs_versions_and_exact_top_p_sets(engine):
