@@ -58,6 +58,33 @@ class RedisServer:
             self.kill()
 
 
+def stand_in_until_knocked(port: int, min_s: float, bound_s: float) -> int:
+    """While a server on `port` is down: listen there in its place and close every
+    connection a client opens (what a client meets when the server dies under it), until
+    at least `min_s` have passed and some client has knocked, or `bound_s` have. Returns
+    the number of connections closed: > 0 means a client really met the outage, however
+    slowly the job reached the stream on a loaded box."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(64)
+    listener.settimeout(0.1)
+    started, knocks = time.monotonic(), 0
+    try:
+        while True:
+            elapsed = time.monotonic() - started
+            if elapsed >= bound_s or (elapsed >= min_s and knocks):
+                return knocks
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+            knocks += 1
+    finally:
+        listener.close()
+
+
 def require_redis_server() -> None:
     if shutil.which("redis-server") is None:
         missing_service("redis-server is not installed")

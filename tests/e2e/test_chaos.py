@@ -1,7 +1,8 @@
 """Chaos, end to end: the job on a PostgreSQL ledger and a Redis stream (a server the test
 starts itself, append-only) meets each fault while a trainer step is in flight and
-rollouts are being published (`StepInFlight`): Redis killed and back within 5 s, Redis
-down past the workers' publish window, PostgreSQL restarted, the trainer actor killed.
+rollouts are being published (`StepInFlight`): Redis down for 5 s and until a client has
+met the outage, Redis down past the workers' publish window, PostgreSQL restarted, the
+trainer actor killed.
 Each test checks that the job saw the fault (connection errors counted, the restart seen
 by the driver, a trainer replaced) and that nothing was lost: the job completes, `lost`
 is 0, and every trained rollout was trained exactly once (the samples the steps report add
@@ -26,6 +27,7 @@ from tests.e2e.services import (
     require_redis_server,
     require_restartable_postgres,
     restart_postgres,
+    stand_in_until_knocked,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.services]
@@ -80,13 +82,20 @@ def _rows(cfg, sql: str, job_id: str) -> list[tuple]:
 def test_a_five_second_redis_restart_mid_step_drops_nothing(chaos_job, redis_server):
     cfg = chaos_job(3)
 
-    def restart_redis() -> None:
-        redis_server.kill()
-        time.sleep(5.0)  # the outage: workers publish into it, the trainer reads into it
-        redis_server.start()  # the AOF brings back every entry and the group's state
+    knocks: list[int] = []
 
-    summary, _ = _run_with_fault(cfg, "j-chaos-redis", restart_redis)
+    def restart_redis() -> None:
+        # Down for 5 s, and on until a client (a publish, the trainer's read or ack) has met
+        # the outage: on a loaded box a step can outlast 5 s with nothing touching the stream.
+        redis_server.kill()
+        try:
+            knocks.append(stand_in_until_knocked(redis_server.port, 5.0, OUTAGE_BOUND_S))
+        finally:
+            redis_server.start()  # the AOF brings back every entry and the group's state
+
+    summary, fired = _run_with_fault(cfg, "j-chaos-redis", restart_redis)
     met = summary["stream_retries"] + summary["step_retries"] + summary["ack_retries"]
+    assert knocks and knocks[0] > 0, f"no client reached the stream while it was down ({fired})"
     assert met > 0  # the outage was met: a publish, a read or an ack failed and was retried
     assert summary["dropped"] == 0 and summary["terminal"]["failed_stream"] == 0
     assert_trained_exactly_once(cfg, summary, 3)
