@@ -62,8 +62,8 @@ def model_flops(model: Transformer, length: int) -> float:
     return 6.0 * matmul * length + attn
 
 
-def trajectory(model: Transformer, length: int) -> Trajectory:
-    tokens = torch.randint(0, min(model.cfg.vocab_size, 256), (length,), device="cuda")
+def trajectory(model: Transformer, length: int, device: str = "cuda") -> Trajectory:
+    tokens = torch.randint(0, min(model.cfg.vocab_size, 256), (length,), device=device)
     recorder = RoutingRecorder()
     with torch.no_grad():
         logits = model(tokens[None], routing=recorder, with_mtp=False).logits[0]

@@ -10,6 +10,8 @@
 #   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium; ENGINE_ARGS)
 #   trainer   benchmarks/bench_trainer_gpu.py (trainer tokens/s and MFU, large; TRAINER_ARGS)
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
+#   tcount    benchmarks/count_trainer_ops.py (which project lines issue a step's aten ops;
+#             TCOUNT_ARGS)
 #   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
 #   sched     benchmarks/bench_linear_schedules.py (serial / split schedules vs cuBLAS in graphs)
 #   dense     the invariant linear's kernel tests (schedules, dense, grouped, the dispatcher's
@@ -70,6 +72,9 @@ for step in "$@"; do
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;
+    tcount)
+      timeout "${TCOUNT_TIMEOUT:-200}" python3 benchmarks/count_trainer_ops.py ${TCOUNT_ARGS:-} \
+        2>&1 | tee "$OUT/tcount.log" ;;
     kern)
       timeout "${KERN_TIMEOUT:-120}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
         tests/kernels/test_triton_attention.py tests/model/test_triton_path.py 2>&1 \

@@ -1,0 +1,126 @@
+"""Which lines of the project issue a trainer step's `aten` ops: a host-overhead map.
+
+Usage: python benchmarks/count_trainer_ops.py [--preset large] [--layers 8] [--length 8192]
+    [--device cuda] [--top 40]
+On the CPU, `RLSYS_KERNELS=triton TRITON_INTERPRET=1` runs the same Triton path as CUDA
+(use a small preset and length there).
+
+One warm-up `train_step` on two sequences of `--length` tokens (replay on, chunked LM
+head, as `bench_trainer_gpu.py`), then one step under a dispatch mode that counts every
+`aten` op that reaches a kernel and charges it to a site: the innermost frame of this
+project's code on the stack (file:line function), or, for ops autograd's engine issues for
+a built-in backward node, that node's name. A host-bound step (GPU busy far below 100%) is
+mostly the sum of these calls' dispatch costs, so the table says which lines to fuse or
+batch first. Only views and metadata ops that launch nothing are left out of the count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_trainer_gpu import trajectory  # noqa: E402
+from rlsys.config.algo import AlgoConfig  # noqa: E402
+from rlsys.config.job import TrainerSection  # noqa: E402
+from rlsys.config.model import preset  # noqa: E402
+from rlsys.model import Transformer  # noqa: E402
+from rlsys.trainer import Trainer  # noqa: E402
+
+# ops that only make a new view or read metadata: no kernel, little dispatch cost
+FREE = {
+    "view", "_unsafe_view", "as_strided", "reshape", "expand", "permute", "transpose", "t",
+    "unsqueeze", "squeeze", "select", "slice", "alias", "detach", "split", "split_with_sizes",
+    "unbind", "chunk", "narrow", "sym_size", "sym_stride", "sym_numel", "size", "stride",
+    "is_same_size", "_reshape_alias", "diagonal", "view_as_real", "lift_fresh",
+}  # fmt: skip
+# ops that make the host wait for the device (a value read back, or an output size that
+# depends on the data): each one drains the launch queue, so the GPU idles behind the host
+SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"}
+PROJECT = (str(ROOT / "rlsys"), str(ROOT / "kernels"), str(ROOT / "control"))
+
+
+def _site() -> str:
+    """The innermost project frame on the Python stack, or the running backward node."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(PROJECT) or "/rlsys/" in path:
+            rel = path.split("/rlsys/")[-1] if "/rlsys/" in path else Path(path).name
+            return f"{rel}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    node = torch._C._current_autograd_node()
+    return f"<backward {type(node).__name__}>" if node is not None else "<no project frame>"
+
+
+class OpSites(TorchDispatchMode):
+    """Counts ops that launch work, per call site and per op name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: Counter[str] = Counter()
+        self.ops: Counter[str] = Counter()
+        self.syncs: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.__name__.split(".")[0]
+        if name not in FREE:
+            site = _site()
+            self.sites[site] += 1
+            self.ops[name] += 1
+            if name in SYNCS:
+                self.syncs[f"{name} at {site}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="large")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--length", type=int, default=8192)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--top", type=int, default=40)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    cfg = preset(args.preset).with_overrides({"n_layers": args.layers})
+    model = Transformer(cfg).to(args.device)
+    trajs = [
+        trajectory(model, args.length, args.device),
+        trajectory(model, args.length, args.device),
+    ]
+    trajs[1].reward = 0.0  # a group with variance: the step is not filtered
+    section = TrainerSection(
+        replay_experts="indices", replay_candidates=True, lm_head_chunk=1024,
+        micro_batch_tokens=args.length, mismatch_rollouts=0,
+    )  # fmt: skip
+    trainer = Trainer(model, section, AlgoConfig(max_staleness=10**6))
+    trainer.train_step(trajs)
+    counter = OpSites()
+    start = time.perf_counter()
+    with counter:
+        trainer.train_step(trajs)
+    wall = time.perf_counter() - start
+    total = sum(counter.sites.values())
+    print(f"{args.preset} cut to {args.layers} blocks, 2 x {args.length} tokens, {args.device}")
+    print(f"ops that launch work: {total:,} per step ({wall:.1f} s under the counter)")
+    print("\n| ops | share | site |\n|---:|---:|---|")
+    for site, n in counter.sites.most_common(args.top):
+        print(f"| {n:,} | {n / total:.1%} | `{site}` |")
+    print(
+        f"\nhost syncs: {sum(counter.syncs.values()):,} per step\n\n| syncs | op at site |\n|---:|---|"
+    )
+    for site, n in counter.syncs.most_common(args.top):
+        print(f"| {n:,} | `{site}` |")
+    print("\nmost frequent ops: " + ", ".join(f"{k} {v:,}" for k, v in counter.ops.most_common(15)))
+
+
+if __name__ == "__main__":
+    main()
