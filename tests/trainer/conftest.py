@@ -1,8 +1,9 @@
 """The learning check (test_learning.py) runs in a process of its own, started as soon as
 the session's tests are collected, so that its minutes of CPU overlap with the rest of the
 suite: most tests keep one core of the two busy (pytest runs them one at a time), and the
-learning run takes up the other. Its result does not depend on timing (staleness 0, paired
-evaluation), and the test waits for it, bounded by the test's own timeout.
+learning run takes up the other (one torch thread: `--threads 1` in its arguments). Its
+result does not depend on timing (staleness 0, paired evaluation), and the test waits for
+it, bounded by the test's own timeout.
 
 `RLSYS_LEARNING_IN_PROCESS=1` runs it inside the test instead, when the test runs.
 """
