@@ -52,7 +52,12 @@ def test_a_job_ends_whole_while_workers_keep_ending_its_rollouts(ledger, ledger_
     for t in threads:
         t.start()
     start.set()
-    time.sleep(0.05)  # let the workers get going: the job ends in the middle of them
+    # The job ends in the middle of the workers: once each has ended some (a fixed pause
+    # was too short on a loaded box, and the job's end then named all of them first).
+    deadline = time.monotonic() + 120
+    while len(ended) < 2 * WORKERS and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert ended, "no worker ended a rollout within 120 s"
     named = finish_job(ledger, job, "completed", "test")
     for t in threads:
         t.join(timeout=120)
