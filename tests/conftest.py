@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-pytest_plugins = ["tests.hf_models"]  # tiny Hugging Face model fixtures (vLLM backend)
+# tiny Hugging Face model fixtures (vLLM backend); per-test CPU (RLSYS_TEST_CPU_LOG)
+pytest_plugins = ["tests.hf_models", "tests.cpu_accounting"]
 
 # Without a GPU the Triton kernels run through Triton's CPU interpreter. It is read when a
 # kernel module is imported, so it is set before any test imports one.
