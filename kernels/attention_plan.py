@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlsys.kernels.host_to_device import index_arrays_on
+
 
 @dataclass(frozen=True)
 class QueryTiles:
@@ -68,7 +70,7 @@ class Span:
 
 
 def plan_tiles(spans: list[Span], T: int, device: torch.device | str) -> QueryTiles:
-    """Query tiles covering every span (vectorised; one small host->device copy)."""
+    """Query tiles covering every span (vectorised; one asynchronous host->device copy)."""
     seq = torch.tensor([s.seq for s in spans], dtype=torch.int64)
     row = torch.tensor([s.row for s in spans], dtype=torch.int64)
     n = torch.tensor([s.n for s in spans], dtype=torch.int64)
@@ -84,19 +86,10 @@ def plan_tiles(spans: list[Span], T: int, device: torch.device | str) -> QueryTi
     tile_row = row[span_of_tile] + lo - pos[span_of_tile]
     q_seq = torch.repeat_interleave(seq, n)
     q_pos = torch.cat([torch.arange(s.pos, s.pos + s.n) for s in spans])
-
-    def dev(t: Tensor) -> Tensor:
-        return t.to(device=device, dtype=torch.int32)
-
+    on_device = index_arrays_on(device, seq[span_of_tile], slot0, lo, hi, tile_row, q_seq, q_pos)
     return QueryTiles(
         T,
-        dev(seq[span_of_tile]),
-        dev(slot0),
-        dev(lo),
-        dev(hi),
-        dev(tile_row),
-        dev(q_seq),
-        dev(q_pos),
+        *on_device,
         max_pos=int(q_pos.max()) if q_pos.numel() else 0,
         host_row=tuple(tile_row.tolist()),
         host_rows=tuple((hi - lo).tolist()),
@@ -109,4 +102,5 @@ def contiguous_table(lengths: list[int], page_size: int, device: torch.device | 
     max_pages = max((length + page_size - 1) // page_size for length in lengths)
     starts = torch.tensor([0, *lengths[:-1]], dtype=torch.int64).cumsum(0)
     table = starts[:, None] + torch.arange(max_pages)[None, :] * page_size
-    return PagedKV(table.to(device=device, dtype=torch.int32), page_size)
+    (on_device,) = index_arrays_on(device, table)
+    return PagedKV(on_device, page_size)

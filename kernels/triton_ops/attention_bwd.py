@@ -14,12 +14,15 @@ and the per-block attention mass that the indexer's KL loss needs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.host_to_device import index_arrays_on
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     load_keys,
@@ -273,27 +276,25 @@ def attention_backward(
 
 
 def _key_chunks(seq_lens: list[int], tiles: QueryTiles, step: int, device: torch.device) -> dict:
-    """Every (sequence, key step) of a packed batch, and each sequence's tile range."""
+    """Every (sequence, key step) of a packed batch, and each sequence's tile range.
+
+    The same for every layer of a step (a function of the lengths alone): kept, so a
+    step's backward moves them to the device once, without a sync."""
+    return _key_chunks_of(tuple(seq_lens), tiles.T, step, str(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _key_chunks_of(seq_lens: tuple[int, ...], T: int, step: int, device: str) -> dict:
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     n_steps = (lens + step - 1) // step
     seq = torch.repeat_interleave(torch.arange(len(seq_lens)), n_steps)
     first = torch.cumsum(n_steps, 0) - n_steps
     stp = torch.arange(int(n_steps.sum())) - first[seq]
-    ntiles = (lens + tiles.T - 1) // tiles.T
+    ntiles = (lens + T - 1) // T
     tile0 = torch.cumsum(ntiles, 0) - ntiles
-
-    def dev(t: Tensor) -> Tensor:
-        return t.to(device=device, dtype=torch.int32)
-
-    return {
-        "n": int(seq.shape[0]),
-        "seq": dev(seq),
-        "step": dev(stp),
-        "seq_len": dev(lens),
-        "seq_tile0": dev(tile0),
-        "seq_ntiles": dev(ntiles),
-        "chunk0": first.to(device),
-    }
+    names = ("seq", "step", "seq_len", "seq_tile0", "seq_ntiles", "chunk0")
+    moved = index_arrays_on(device, seq, stp, lens, tile0, ntiles, first)
+    return {"n": int(seq.shape[0]), **dict(zip(names, moved, strict=True))}
 
 
 def _invert_steps(

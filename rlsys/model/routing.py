@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rlsys.kernels.host_to_device import moved_without_sync
+
 _ID_DTYPES = {"uint8": torch.uint8, "int16": torch.int16}
 _GATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,8 +70,11 @@ class RoutedExperts:
         return RoutedExperts(self.indices[:, rows], self.gates[:, rows], blocks)
 
     def to(self, device: torch.device | str) -> RoutedExperts:
-        blocks = self.blocks.to(device) if self.blocks is not None else None
-        return RoutedExperts(self.indices.to(device), self.gates.to(device), blocks)
+        """On `device`; from the host without a sync (pinned, asynchronous copies)."""
+        blocks = moved_without_sync(self.blocks, device) if self.blocks is not None else None
+        return RoutedExperts(
+            moved_without_sync(self.indices, device), moved_without_sync(self.gates, device), blocks
+        )
 
     @staticmethod
     def cat(parts: list[RoutedExperts]) -> RoutedExperts:

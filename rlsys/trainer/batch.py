@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlsys.kernels.host_to_device import moved_without_sync
 from rlsys.model.routing import RoutedExperts
 from rlsys.trajectory import Segment, Trajectory
 
@@ -62,7 +63,7 @@ class PackedBatch:
         if self.tokens_N.device == device:
             return self
         moved = {
-            f.name: getattr(self, f.name).to(device)
+            f.name: moved_without_sync(getattr(self, f.name), device)
             for f in fields(self)
             if isinstance(getattr(self, f.name), Tensor)
         }
