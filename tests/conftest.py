@@ -11,8 +11,18 @@ import os
 import socket
 from collections.abc import Iterator
 
-import pytest
-import torch
+# One intra-op thread for the tests and every process they start (rlsys run, Ray drivers;
+# Ray's own workers get one already). The box has 2 cores and the suite keeps both busy
+# (Ray actors, the learning run): an OpenMP team of 2 then waits at every op's barrier for
+# a thread the scheduler has parked, and small-op code slows down 5-20x (the align test:
+# 0.9 s alone, 17 s beside one busy process, 3.3 s there on one thread). Results do not
+# depend on it: the model's reductions are fixed-order. An explicit OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # tiny Hugging Face model fixtures (vLLM backend); per-test CPU (RLSYS_TEST_CPU_LOG)
 pytest_plugins = ["tests.hf_models", "tests.cpu_accounting"]

@@ -6,7 +6,8 @@ whose Ray actors import torch in five processes costs a lot. Wall time (`--durat
 cannot tell them apart; this can. With `RLSYS_TEST_CPU_LOG=PATH` set, each test's call
 phase and its fixtures' set-up and tear-down are charged the machine-wide busy jiffies of
 `/proc/stat` (user + nice + system + irq + softirq) while they ran, and the table, most
-expensive first, is written to PATH at the end of the session.
+expensive first, is appended to PATH at the end of the session (CI's two suites each add
+one).
 
 Invariant: machine-wide, so what runs beside a test (the learning check's background
 process, tests/trainer/conftest.py, about one core while it lives) is charged to it too;
@@ -62,7 +63,8 @@ if LOG:
         rows = sorted(_COST.items(), key=lambda kv: -kv[1][1])
         total_wall = sum(w for w, _ in _COST.values())
         total_cpu = sum(c for _, c in _COST.values())
-        with open(LOG, "w") as f:
+        with open(LOG, "a") as f:
+            f.write(f"# {' '.join(session.config.invocation_params.args)}\n")
             f.write(f"# {len(rows)} tests: {total_wall:.0f} s wall, {total_cpu:.0f} CPU s\n")
             f.write("# cpu_s\twall_s\tcores\ttest\n")
             for nodeid, (wall, cpu) in rows:

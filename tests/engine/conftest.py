@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rlsys.config.engine import EngineConfig
@@ -13,14 +12,6 @@ from rlsys.engine.core import EngineCore
 from rlsys.engine.runners import make_runner
 from rlsys.engine.sampler import behaviour_log_probs
 from rlsys.model import Transformer
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():  # type: ignore[no-untyped-def]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny(dtype: str = "float32", seed: int = 0) -> tuple[ModelConfig, Transformer]:

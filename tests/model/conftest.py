@@ -1,4 +1,4 @@
-"""Model tests run single-threaded: results must not depend on it, and the box has 2 cores."""
+"""Model tests start from one seed (one thread, as the whole suite: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,5 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_and_seed():  # type: ignore[no-untyped-def]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _seed() -> None:
     torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
