@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 # One intra-op thread for the tests and every process they start (rlsys run, Ray drivers;
 # Ray's own workers get one already). The box has 2 cores and the suite keeps both busy
@@ -31,6 +32,24 @@ pytest_plugins = ["tests.hf_models", "tests.cpu_accounting"]
 # kernel module is imported, so it is set before any test imports one.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Run first: directories whose tests keep one core busy and wait on nothing (the Triton
+# interpreter, the engine and model on the CPU, bwrap sandboxes). They then share the box
+# with the learning run's one thread (tests/trainer/conftest.py), and the end-to-end jobs,
+# which keep both cores busy on their own, come after it has finished. In alphabetical
+# order the jobs met the learning run and these tests ran last beside an idle core.
+ONE_CORE_FIRST = ("engine", "model", "kernels", "sandboxes")
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/e2e/conftest.py's own-cluster-last sort
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def late(item: pytest.Item) -> bool:
+        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        return not (len(parts) > 1 and parts[0] in ONE_CORE_FIRST)
+
+    items.sort(key=late)  # stable: the order within each part is kept
+
 
 PG_HOST, PG_PORT = os.environ.get("RLSYS_TEST_PG_HOST", "127.0.0.1"), 5432
 PG_ADMIN_URL = os.environ.get(
