@@ -284,6 +284,7 @@ def section(name: str, fn: Callable[[], None]) -> None:
 
 
 def main() -> None:
+    global T, SPARSE_STEP, PAGE  # the geometry under test (the model derives it from its config)
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", default="32768,131072")
     parser.add_argument("--reps", type=int, default=5)
@@ -293,8 +294,12 @@ def main() -> None:
     parser.add_argument("--bwd-max", type=int, default=32768)
     parser.add_argument("--random-selection", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    parser.add_argument("--sparse-step", type=int, default=SPARSE_STEP, help="keys per step")
+    parser.add_argument("--query-tile", type=int, default=T, help="query slots per tile")
     parser.add_argument("--skip", default="", help="comma list: prefill,anchors,decode,swa,linear")
     args = parser.parse_args()
+    T, SPARSE_STEP = args.query_tile, args.sparse_step
+    PAGE = max(PAGE, SPARSE_STEP)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -311,6 +316,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(
         f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}"
+        f"; sparse step {SPARSE_STEP}, query tile {T}"
     )
 
     def prefill() -> None:

@@ -43,9 +43,42 @@ FREE = {
     "is_same_size", "_reshape_alias", "diagonal", "view_as_real", "lift_fresh",
 }  # fmt: skip
 # ops that make the host wait for the device (a value read back, or an output size that
-# depends on the data): each one drains the launch queue, so the GPU idles behind the host
+# depends on the data): each one drains the launch queue, so the GPU idles behind the host.
+# They count only when a device tensor is involved: `.item()` of a CPU tensor (AdamW's step
+# counters) waits for nothing.
 SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"}
+COPIES = {"_to_copy", "copy_"}
 PROJECT = (str(ROOT / "rlsys"), str(ROOT / "kernels"), str(ROOT / "control"))
+
+
+def _on_device(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type != "cpu"
+
+
+def _sync_kind(name: str, args: tuple, kwargs: dict, out: object) -> str | None:
+    """Why this op makes the host wait for the device, or None when it does not.
+
+    A read of a device value waits for the queue; so does a copy to the host that is not
+    `non_blocking`, and an upload from pageable (unpinned) host memory: CUDA synchronizes
+    the stream before a pageable host-to-device copy starts."""
+    if name in SYNCS:
+        return "read" if any(_on_device(a) for a in args) else None
+    if name not in COPIES:
+        return None
+    if name == "copy_":
+        dst, src = args[0], args[1]
+        non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
+    else:
+        src, dst = args[0], out
+        non_blocking = bool(kwargs.get("non_blocking"))
+    if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
+        return None
+    if _on_device(src) and not _on_device(dst) and not non_blocking:
+        return "download"
+    if not _on_device(src) and _on_device(dst) and not src.is_pinned():
+        # a 0-dim CPU tensor goes to the kernel as a scalar argument, never through here
+        return "pageable upload"
+    return None
 
 
 def _site() -> str:
@@ -76,9 +109,12 @@ class OpSites(TorchDispatchMode):
             site = _site()
             self.sites[site] += 1
             self.ops[name] += 1
-            if name in SYNCS:
-                self.syncs[f"{name} at {site}"] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if name not in FREE:
+            kind = _sync_kind(name, args, kwargs or {}, out)
+            if kind is not None:
+                self.syncs[f"{kind}: {name} at {site}"] += 1
+        return out
 
 
 def main() -> None:

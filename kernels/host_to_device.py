@@ -9,8 +9,9 @@ syncs; the attention backward's key chunks six per layer.
 
 `index_arrays_on` packs them into one pinned buffer and issues a single asynchronous copy;
 `moved_without_sync` moves one tensor of any dtype (a packed batch's fields) the same way.
-Invariant: the values on the device are exactly the host values; the host never waits. Safe without holding on to the pinned buffer: PyTorch's caching host allocator does
-not hand a pinned block out again before the copy that reads it has finished.
+Invariant: the values on the device are exactly the host values; the host never waits.
+Safe without holding on to the pinned buffer: PyTorch's caching host allocator does not
+hand a pinned block out again before the copy that reads it has finished.
 """
 
 from __future__ import annotations

@@ -143,8 +143,9 @@ def _attn_bwd_dkv(
         lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
         delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
         vis = row_visibility(
-            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
-        )
+            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK,
+            STEP,
+        )  # fmt: skip
         vis = vis & kvalid[None, :]
         s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)

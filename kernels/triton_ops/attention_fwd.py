@@ -55,18 +55,23 @@ def row_visibility(
     sb_stride_g,
     SPARSE: tl.constexpr,
     BLK: tl.constexpr,
+    STEP: tl.constexpr,
 ):
     """(M, STEP) bool: row (a query at qpos, present in this call) sees key kpos."""
     causal = (kpos[None, :] <= qpos[:, None]) & present[:, None]
     if SPARSE:
         kblk = kpos // BLK
         own = kblk[None, :] == (qpos // BLK)[:, None]
+        # A step (STEP aligned positions, STEP <= 32 * BLK, powers of two) lies in one 32-bit
+        # word of each row's bitmap: one load per row, not one per (row, key).
+        tl.static_assert(STEP <= 32 * BLK)
+        first_blk = tl.min(kblk, axis=0)
         word = tl.load(
-            sel_bits + qrow[:, None] * sb_stride_n + g * sb_stride_g + (kblk // 32)[None, :],
-            mask=causal,
+            sel_bits + qrow * sb_stride_n + g * sb_stride_g + first_blk // 32,
+            mask=present & (first_blk * BLK <= qpos),
             other=0,
         )
-        chosen = ((word >> (kblk % 32)[None, :]) & 1) == 1
+        chosen = ((word[:, None] >> (kblk % 32)[None, :]) & 1) == 1
         vis = causal & (own | chosen)
     else:
         vis = causal & (kpos[None, :] > qpos[:, None] - window)
@@ -150,8 +155,9 @@ def step_keys(
         c = i
     kpos = c * STEP + tl.arange(0, STEP)
     vis = row_visibility(
-        qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK
-    )
+        qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK,
+        STEP,
+    )  # fmt: skip
     kneed = tl.max(vis.to(tl.int32), axis=0) > 0
     return c, kpos, vis, kneed
 

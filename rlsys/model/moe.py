@@ -257,7 +257,9 @@ class MoE(nn.Module):
     @torch.no_grad()
     def update_balance(self) -> None:
         """Aux-loss-free balancing: nudge the selection bias toward under-loaded experts."""
-        if self.cfg.balance == "bias" and self.expert_load.sum() > 0:
+        # no `load.sum() > 0` test: it would read the device, and with no load every sign is
+        # sign(0 - 0) = 0, so the bias is left as it is anyway
+        if self.cfg.balance == "bias":
             delta = torch.sign(self.expert_load.mean() - self.expert_load)
             self.expert_bias += self.cfg.balance_bias_rate * delta
         self.expert_load.zero_()

@@ -270,7 +270,10 @@ class Transformer(nn.Module):
 
     def grad_clamp_counts(self) -> list[tuple[int, int]]:
         """(clipped, seen) gradient vectors per block since the last reset."""
-        return [(b.clamp.clipped, b.clamp.seen) for b in self.blocks]
+        if not len(self.blocks):
+            return []
+        counters = torch.stack([b.clamp.counters for b in self.blocks]).tolist()  # one read
+        return [(int(clipped), int(seen)) for clipped, seen in counters]
 
     def num_parameters(self, active: bool = False) -> int:
         """All parameters, or those one token uses (top-k of the routed experts, no MTP)."""

@@ -187,12 +187,16 @@ class TokenSums:
 def candidate_set_sizes(batches: list[Any]) -> dict[str, float] | None:
     """Mean, median, p90 and max size of the recorded candidate sets (tokens that have one;
     None where none does): how much of the vocabulary the nucleus kept."""
-    sizes = torch.cat([(b.candidates_PC >= 0).sum(1)[b.has_candidates_P] for b in batches]).float()
+    # no boolean indexing (it syncs to size its output): tokens without a set are NaN
+    sizes = torch.cat([(b.candidates_PC >= 0).sum(1).float() for b in batches])
+    has = torch.cat([b.has_candidates_P for b in batches])
     if not sizes.numel():
         return None
-    return {
-        "mean": float(sizes.mean()),
-        "p50": float(sizes.quantile(0.5)),
-        "p90": float(sizes.quantile(0.9)),
-        "max": float(sizes.max()),
-    }
+    masked = torch.where(has, sizes, float("nan"))
+    quantiles = (masked.nanquantile(0.5), masked.nanquantile(0.9))  # float q: no upload
+    largest = torch.where(has, sizes, float("-inf")).max()
+    stats = torch.stack([has.sum().float(), masked.nanmean(), *quantiles, largest]).tolist()
+    count, mean, p50, p90, top = stats  # one host read
+    if not count:
+        return None
+    return {"mean": mean, "p50": p50, "p90": p90, "max": top}

@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from rlsys import kernels
+from rlsys.kernels.host_to_device import moved_without_sync
 from rlsys.model import Transformer
 from rlsys.model.attention import SeqSpan
 from rlsys.trainer.batch import PackedBatch
@@ -43,7 +44,7 @@ def _span_bounds(batch: PackedBatch) -> tuple[Tensor, Tensor]:
     for row, n in batch.spans:
         starts[row : row + n], ends[row : row + n] = row, row + n
     device = batch.tokens_N.device
-    return starts.to(device), ends.to(device)
+    return moved_without_sync(starts, device), moved_without_sync(ends, device)
 
 
 def _shifted_tokens(batch: PackedBatch, depth: int, ends: Tensor) -> Tensor:
