@@ -34,6 +34,7 @@ ORDER = [
     "gpu_linear_split",
     "gpu_trainer_host",
     "gpu_engine_decode",
+    "gpu_bitmap_word",
     "job_ends",
 ]
 
