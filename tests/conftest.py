@@ -26,7 +26,7 @@ import torch  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # tiny Hugging Face model fixtures (vLLM backend); per-test CPU (RLSYS_TEST_CPU_LOG)
-pytest_plugins = ["tests.hf_models", "tests.cpu_accounting"]
+pytest_plugins = ["tests.hf_models", "tests.cpu_accounting", "tests.interpreter_patches"]
 
 # Without a GPU the Triton kernels run through Triton's CPU interpreter. It is read when a
 # kernel module is imported, so it is set before any test imports one.
