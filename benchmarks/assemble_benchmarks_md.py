@@ -36,6 +36,7 @@ ORDER = [
     "gpu_engine_decode",
     "gpu_bitmap_word",
     "job_ends",
+    "ci_time",
 ]
 
 
