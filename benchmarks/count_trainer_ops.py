@@ -105,15 +105,15 @@ class OpSites(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = func.__name__.split(".")[0]
-        if name not in FREE:
-            site = _site()
-            self.sites[site] += 1
-            self.ops[name] += 1
         out = func(*args, **(kwargs or {}))
-        if name not in FREE:
-            kind = _sync_kind(name, args, kwargs or {}, out)
-            if kind is not None:
-                self.syncs[f"{kind}: {name} at {site}"] += 1
+        if name in FREE:
+            return out
+        site = _site()
+        self.sites[site] += 1
+        self.ops[name] += 1
+        kind = _sync_kind(name, args, kwargs or {}, out)
+        if kind is not None:
+            self.syncs[f"{kind}: {name} at {site}"] += 1
         return out
 
 

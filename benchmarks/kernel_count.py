@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from rlsys.kernels.triton_launches import hooked_triton_launches
 
 _FREE = {
     "empty.memory_format",
@@ -65,30 +68,15 @@ def count_launches() -> Iterator[Launches]:
     """Count kernel launches inside the block (see module doc)."""
     launches = Launches()
     mode = _Mode(launches)
-    patched = []
-    try:
-        import triton.runtime.interpreter as interp
-        import triton.runtime.jit as jit
 
-        for cls in (jit.JITFunction, interp.InterpretedFunction):
-            original = cls.run
+    def on_launch(name: str, real: bool, launch: Callable[[], Any]) -> Any:
+        if real:
+            launches.by_name[f"triton.{name}"] += 1
+        mode.paused += 1  # the launch's own host work is not a kernel
+        try:
+            return launch()
+        finally:
+            mode.paused -= 1
 
-            def run(self, *args, _original=original, **kwargs):  # type: ignore[no-untyped-def]
-                if not kwargs.get("warmup", False):
-                    launches.by_name[f"triton.{self.__name__}"] += 1
-                mode.paused += 1
-                try:
-                    return _original(self, *args, **kwargs)
-                finally:
-                    mode.paused -= 1
-
-            cls.run = run  # type: ignore[method-assign]
-            patched.append((cls, original))
-    except ImportError:
-        pass
-    try:
-        with mode:
-            yield launches
-    finally:
-        for cls, original in patched:
-            cls.run = original  # type: ignore[method-assign]
+    with hooked_triton_launches(on_launch), mode:
+        yield launches

@@ -60,16 +60,13 @@ def install() -> bool:
     launch_call = launch.__call__
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        outermost = state["depth"] == 0
-        if outermost:
+        if state["depth"] == 0:  # a new launch: nothing of it is patched yet
             state["patched"] = set()
         state["depth"] += 1
         try:
             return launch_call(self, *args, **kwargs)
         finally:
             state["depth"] -= 1
-            if outermost:
-                state["patched"] = set()
 
     if os.environ.get("RLSYS_TRITON_SANITIZE_OVERFLOW") != "1":
         builder = interpreter.interpreter_builder

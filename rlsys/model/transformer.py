@@ -273,7 +273,7 @@ class Transformer(nn.Module):
         if not len(self.blocks):
             return []
         counters = torch.stack([b.clamp.counters for b in self.blocks]).tolist()  # one read
-        return [(int(clipped), int(seen)) for clipped, seen in counters]
+        return [(clipped, seen) for clipped, seen in counters]
 
     def num_parameters(self, active: bool = False) -> int:
         """All parameters, or those one token uses (top-k of the routed experts, no MTP)."""
