@@ -35,6 +35,7 @@ ORDER = [
     "gpu_trainer_host",
     "gpu_engine_decode",
     "gpu_bitmap_word",
+    "gpu_indexer_select",
     "job_ends",
     "ci_time",
 ]

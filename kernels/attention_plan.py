@@ -41,6 +41,7 @@ class QueryTiles:
     max_pos: int = 0  # the largest query position (known on the host: no device sync)
     host_row: tuple[int, ...] = ()  # per tile: first query row, and present rows (host)
     host_rows: tuple[int, ...] = ()
+    host_hi: tuple[int, ...] = ()  # per tile: one past its last position (host); () unknown
 
     @property
     def n_tiles(self) -> int:
@@ -93,6 +94,7 @@ def plan_tiles(spans: list[Span], T: int, device: torch.device | str) -> QueryTi
         max_pos=int(q_pos.max()) if q_pos.numel() else 0,
         host_row=tuple(tile_row.tolist()),
         host_rows=tuple((hi - lo).tolist()),
+        host_hi=tuple(hi.tolist()),
     )
 
 

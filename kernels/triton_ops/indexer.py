@@ -86,17 +86,40 @@ def _index_scores(
 
 
 @triton.jit
+def _count(m):
+    """How many entries of a (NW, 32) mask are set."""
+    return tl.sum(tl.sum(m.to(tl.int32), axis=1), axis=0)
+
+
+@triton.jit
+def _inclusive_rank(m):
+    """Per entry of a (NW, 32) mask in block order (word-major): the set entries up to and
+    including it. Two short scans (over a word's 32 bits, over the NW word counts) instead
+    of one over the whole row."""
+    ones = m.to(tl.int32)
+    per_word = tl.sum(ones, axis=1)
+    before = tl.cumsum(per_word, axis=0) - per_word
+    return before[:, None] + tl.cumsum(ones, axis=1)
+
+
+@triton.jit
 def _topk_select(
     S, IDS, BITS, QPOS,
     s_stride_r, ids_stride_r, bits_stride_r,
     row_base,
     HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
-    NBP: tl.constexpr, NW: tl.constexpr, BLK: tl.constexpr, RANK_MAX: tl.constexpr,
+    NBP: tl.constexpr, NW: tl.constexpr, NWO: tl.constexpr, BLK: tl.constexpr,
+    RANK_MAX: tl.constexpr,
 ):  # fmt: skip
+    """NBP: the blocks this launch's rows can have (a power of two >= their largest past);
+    NWO >= NW = NBP / 32: the bitmap words of a row in BITS (the words past NW are 0)."""
     local = tl.program_id(0).to(tl.int64)
     row = row_base * HKV + local
     npast = tl.load(QPOS + row // HKV) // BLK
-    b = tl.arange(0, NBP)
+    # The row held as (NW, 32): entry (w, i) is block 32 w + i, i.e. bit i of bitmap word w,
+    # so the words, the per-word counts and the ranks are reductions along one axis.
+    bit = tl.arange(0, 32)[None, :]
+    b = tl.arange(0, NW)[:, None] * 32 + bit
     valid = b < npast
     x = tl.load(S + local * s_stride_r + b, mask=valid, other=0.0)
     bits = x.to(tl.uint32, bitcast=True)
@@ -110,34 +133,39 @@ def _topk_select(
         sel = valid
     elif NBP <= RANK_MAX:
         # small rows: a block's rank is how many valid blocks beat it (ties: lower id wins)
+        flat_key = tl.reshape(key, (NBP,))
+        flat_valid = tl.reshape(valid, (NBP,))
         ids = tl.arange(0, NBP)
-        beats = (key[None, :] > key[:, None]) | (
-            (key[None, :] == key[:, None]) & (ids[None, :] < ids[:, None])
+        beats = (flat_key[None, :] > flat_key[:, None]) | (
+            (flat_key[None, :] == flat_key[:, None]) & (ids[None, :] < ids[:, None])
         )
-        rank = tl.sum((beats & valid[None, :]).to(tl.int32), axis=1)
-        sel = valid & (rank < KSEL)
+        rank = tl.sum((beats & flat_valid[None, :]).to(tl.int32), axis=1)
+        sel = tl.reshape(flat_valid & (rank < KSEL), (NW, 32))
     else:
         # long rows: bisect the k-th largest key (32 steps), then take ties by lower id
         tau = tl.zeros([], tl.uint32)
-        for bit in tl.static_range(31, -1, -1):
-            cand = tau | (one << bit)
-            count = tl.sum(((key >= cand) & valid).to(tl.int32), axis=0)
-            tau = tl.where(count >= KSEL, cand, tau)
+        for k in tl.static_range(31, -1, -1):
+            cand = tau | (one << k)
+            tau = tl.where(_count((key >= cand) & valid) >= KSEL, cand, tau)
         above = valid & (key > tau)
         tied = valid & (key == tau)
-        need = KSEL - tl.sum(above.to(tl.int32), axis=0)
-        sel = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= need))
-    sel_i = sel.to(tl.int32)
-    slot = tl.cumsum(sel_i, axis=0) - 1
+        need = KSEL - _count(above)
+        if _count(tied) > need:  # rare (equal scores): rank the ties, lower id first
+            sel = above | (tied & (_inclusive_rank(tied) <= need))
+        else:
+            sel = above | tied
+    slot = _inclusive_rank(sel) - 1
     tl.store(IDS + row * ids_stride_r + slot, b, mask=sel)
-    n_sel = tl.sum(sel_i, axis=0)
+    n_sel = _count(sel)
     j = tl.arange(0, KSELP)
     tl.store(
         IDS + row * ids_stride_r + j, tl.full([KSELP], -1, tl.int32), mask=(j >= n_sel) & (j < KSEL)
     )
-    words = tl.reshape(sel_i.to(tl.uint32), (NW, 32)) << tl.arange(0, 32)[None, :].to(tl.uint32)
-    packed = tl.sum(words, axis=1).to(tl.int32, bitcast=True)
+    packed = tl.sum(sel.to(tl.uint32) << bit.to(tl.uint32), axis=1).to(tl.int32, bitcast=True)
     tl.store(BITS + row * bits_stride_r + tl.arange(0, NW), packed)
+    if NWO > NW:
+        rest = tl.arange(0, NWO)
+        tl.store(BITS + row * bits_stride_r + rest, tl.zeros([NWO], tl.int32), mask=rest >= NW)
 
 
 @dataclass(frozen=True)
@@ -180,9 +208,13 @@ def select_blocks(
         return Selection(ids, bits)
     rows_per_chunk = max(1, SCORE_CHUNK_BYTES // (hkv * nbp * 4))
     for r0, r1, t0, t1 in _row_chunks(tiles.host_row, tiles.host_rows, rows_per_chunk):
-        scores = torch.empty((r1 - r0) * hkv, nbp, dtype=torch.float32, device=dev)
+        # Only as wide as this chunk's own queries reach (host positions where the plan has
+        # them): the early queries of a long prefill score and rank a fraction of the row.
+        top = max(tiles.host_hi[t0:t1]) - 1 if tiles.host_hi else max_pos
+        nbp_c = next_pow2(top // block, at_least=32)
+        scores = torch.empty((r1 - r0) * hkv, nbp_c, dtype=torch.float32, device=dev)
         sub = _tile_slice(tiles, t0, t1)
-        n_bt = triton.cdiv(max(max_pos // block, 1), NBT)
+        n_bt = triton.cdiv(max(top // block, 1), NBT)
         _index_scores[(t1 - t0, n_bt)](
             qi, block_keys, scores,
             qi.stride(0), qi.stride(1), block_keys.stride(0), scores.stride(0),
@@ -196,8 +228,8 @@ def select_blocks(
             scores, ids, bits, tiles.q_pos,
             scores.stride(0), ids.stride(1), bits.stride(1),
             r0,
-            HKV=hkv, KSEL=topk_blocks, KSELP=ksel_p, NBP=nbp, NW=nw, BLK=block, RANK_MAX=rank_max,
-            num_warps=max(4, min(16, nbp // 1024)),
+            HKV=hkv, KSEL=topk_blocks, KSELP=ksel_p, NBP=nbp_c, NW=nbp_c // 32, NWO=nw,
+            BLK=block, RANK_MAX=rank_max, num_warps=max(4, min(16, nbp_c // 1024)),
         )  # fmt: skip
     return Selection(ids, bits)
 

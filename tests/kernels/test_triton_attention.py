@@ -100,11 +100,15 @@ def _relayout(src, dst, pool):  # noqa: ANN001, ANN202
     return out
 
 
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
 @pytest.mark.parametrize("rank_max", [128, 0], ids=["rank", "bisect"])
-def test_indexer_selects_the_top_scoring_past_blocks(rank_max: int) -> None:
+def test_indexer_selects_the_top_scoring_past_blocks(rank_max: int, ties: bool) -> None:
     case = paged_case([40, 7, 50], HKV, D, 32, BLK, IDX, DEV, seed=3)
     spans = prefill_spans(case.lengths)
     qi = torch.randn(sum(case.lengths), HKV, IDX).to(DEV)
+    if ties:  # few distinct integer scores: most of a row ties at the k-th score
+        case.block_keys.copy_(case.block_keys.sign())
+        qi = (qi > 1.0).float()
     tiles = plan_tiles(spans, T, DEV)
     sel = select_blocks(
         qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max
@@ -121,6 +125,33 @@ def test_indexer_selects_the_top_scoring_past_blocks(rank_max: int) -> None:
                     b for b in range(32 * word.shape[0]) if (int(word[b // 32]) >> (b % 32)) & 1
                 ]
                 assert in_bits == want
+
+
+@pytest.mark.parametrize("rank_max", [128, 0], ids=["rank", "bisect"])
+def test_indexer_chunks_rank_only_as_far_as_their_queries_reach(
+    rank_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Score buffers of about one tile: early chunks rank 32 blocks, late ones 128, and a
+    row's bitmap words past its chunk's width are written 0 (the tensor is uninitialised)."""
+    from rlsys.kernels.triton_ops import indexer
+
+    case = paged_case([150, 30], HKV, D, 160, BLK, IDX, DEV, seed=4)
+    spans = prefill_spans(case.lengths)
+    qi = torch.randn(sum(case.lengths), HKV, IDX).to(DEV)
+    tiles = plan_tiles(spans, T, DEV)
+    torch.full((sum(case.lengths) * HKV * 8,), -1, dtype=torch.int32, device=DEV)  # dirty pool
+    monkeypatch.setattr(indexer, "SCORE_CHUNK_BYTES", T * HKV * 128 * 4)
+    sel = select_blocks(
+        qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max
+    )
+    assert sel.bits.shape[-1] == 4  # 128 blocks wide in all
+    for sp in spans:
+        for i in range(sp.n):
+            for g in range(HKV):
+                want = reference_selection(case, qi[sp.row + i], sp.seq, i, g, KSEL, BLK)
+                assert [int(b) for b in sel.ids[sp.row + i, g] if b >= 0] == want
+                words = [int(w) & 0xFFFFFFFF for w in sel.bits[sp.row + i, g]]
+                assert [b for b in range(128) if (words[b // 32] >> (b % 32)) & 1] == want
 
 
 def test_sparse_forward_matches_the_dense_selection_and_is_batch_invariant() -> None:

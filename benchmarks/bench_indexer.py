@@ -1,0 +1,97 @@
+"""Where the Sparse GQA indexer's time goes: block scores, top-k selection, union steps.
+
+Usage (GPU machine, repository root):
+    python benchmarks/bench_indexer.py [--lengths 32768,131072] [--reps 5]
+    python benchmarks/bench_indexer.py --smoke     # tiny shapes, any machine (interpreter)
+
+The `deep-92` shape of `bench_attention.py` (4 KV groups, index dim 64, B = 8, k = 4,096
+tokens = 512 blocks, query tile 16, clustered index queries). Per length: the whole
+indexer (`select_blocks` + `union_steps`) by device events, and each kernel's share of it
+from the profiler (GPU time per kernel name over one call), with the HBM floor of the
+score buffer this design writes and reads back (fp32, causal half). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--smoke" in sys.argv:  # before Triton is imported: the interpreter is chosen at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from benchmarks.bench_attention import (  # noqa: E402
+    HBM_TBPS,
+    HKV,
+    PAGE,
+    SPARSE_STEP,
+    B,
+    T,
+    index_inputs,
+    timed,
+)
+from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
+from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
+
+
+def kernel_ms(fn, dev: str) -> dict[str, float]:  # noqa: ANN001
+    """GPU milliseconds per kernel name over one call of `fn` (empty on the CPU)."""
+    if dev != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name] += ev.device_time / 1000
+    return dict(per)
+
+
+def measure(length: int, topk: int, reps: int, dev: str) -> tuple[float, dict[str, float]]:
+    qi, bk = index_inputs(length, dev, random_sel=False)
+    kv = contiguous_table([length], PAGE, dev)
+    bkt = PagedKV(kv.block_table // B, PAGE // B)
+    tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
+
+    def indexer() -> object:
+        sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=topk // B, block=B, precision="tf32")
+        return union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+
+    return timed(indexer, reps), kernel_ms(indexer, dev)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", default="32768,131072")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--topk", type=int, default=4096)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.lengths, args.topk, args.reps = "512", 128, 1
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    print(f"device: {name}; torch {torch.__version__}; k = {args.topk} tokens, B = {B}")
+    print("\n| tokens | indexer ms | kernel | kernel ms | share | score-buffer HBM floor ms |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for length in (int(x) for x in args.lengths.split(",")):
+        total, per = measure(length, args.topk, args.reps, dev)
+        # the fp32 scores of every (query, group, past block), written once and read once
+        floor = 2 * length * HKV * (length / B / 2) * 4 / (HBM_TBPS * 1e12) * 1e3
+        print(f"| {length} | {total:.2f} | (all) | | | {floor:.2f} |")
+        busy = sum(per.values()) or 1.0
+        for kname, ms in sorted(per.items(), key=lambda kv: -kv[1])[:6]:
+            print(f"| | | `{kname[:40]}` | {ms:.2f} | {ms / busy:.0%} | |")
+
+
+if __name__ == "__main__":
+    main()
