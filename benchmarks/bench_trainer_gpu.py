@@ -63,6 +63,11 @@ def model_flops(model: Transformer, length: int) -> float:
 
 
 def trajectory(model: Transformer, length: int, device: str = "cuda") -> Trajectory:
+    if length <= PROMPT:  # no policy token: the step would pack nothing to train
+        raise SystemExit(
+            f"a sequence of {length} tokens has no policy token after the "
+            f"{PROMPT}-token prompt: give a length above {PROMPT}"
+        )
     tokens = torch.randint(0, min(model.cfg.vocab_size, 256), (length,), device=device)
     recorder = RoutingRecorder()
     with torch.no_grad():

@@ -33,22 +33,30 @@ pytest_plugins = ["tests.hf_models", "tests.cpu_accounting", "tests.interpreter_
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Run first: directories whose tests keep one core busy and wait on nothing (the Triton
-# interpreter, the engine and model on the CPU, bwrap sandboxes). They then share the box
-# with the learning run's one thread (tests/trainer/conftest.py), and the end-to-end jobs,
-# which keep both cores busy on their own, come after it has finished. In alphabetical
-# order the jobs met the learning run and these tests ran last beside an idle core.
-ONE_CORE_FIRST = ("engine", "model", "kernels", "sandboxes")
+# The suite runs in three phases, ordered so the 2-core box stays busy without the parts
+# fighting over it (measured: the learning run is ~420 s of one core; beside the end-to-end
+# jobs it stretched them by ~30%):
+# 1. tests that keep one core busy (the Triton interpreter, the engine, model and trainer on
+#    the CPU, bwrap sandboxes, the ledger's databases, the command line's subprocesses),
+#    beside the learning run's one thread (tests/trainer/conftest.py);
+# 2. the tests whose Ray jobs keep both cores busy on their own (TWO_CORES), which by then
+#    have the box to themselves;
+# 3. the learning test, which only reads the background run's result.
+TWO_CORES = ("e2e", "actors")
+READS_THE_LEARNING_RUN = "test_learning.py"
 TESTS = Path(__file__).resolve().parent
+
+
+def suite_phase(item: pytest.Item) -> int:
+    if item.path.name == READS_THE_LEARNING_RUN:
+        return 2
+    parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+    return 1 if len(parts) > 1 and parts[0] in TWO_CORES else 0
 
 
 @pytest.hookimpl(tryfirst=True)  # before tests/e2e/conftest.py's own-cluster-last sort
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def late(item: pytest.Item) -> bool:
-        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
-        return not (len(parts) > 1 and parts[0] in ONE_CORE_FIRST)
-
-    items.sort(key=late)  # stable: the order within each part is kept
+    items.sort(key=suite_phase)  # stable: the order within each phase is kept
 
 
 PG_HOST, PG_PORT = os.environ.get("RLSYS_TEST_PG_HOST", "127.0.0.1"), 5432
