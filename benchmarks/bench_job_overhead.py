@@ -98,7 +98,8 @@ def worker_main(args: dict[str, Any], tasks: Any, results: Any) -> None:
                      sink.drain())  # fmt: skip
         ledger_s += time.perf_counter() - t0
         wall = time.perf_counter() - started
-        results.put((RolloutReport(a.rollout_id, S.SCORED.value, entry), ledger_s, stream_s, wall))
+        report = RolloutReport(a.rollout_id, S.SCORED.value, entry, reward=traj.reward)
+        results.put((report, ledger_s, stream_s, wall))
 
     with ThreadPoolExecutor(args["concurrency"]) as pool:
         while (a := tasks.get()) is not STOP:
@@ -130,7 +131,12 @@ def run(args: argparse.Namespace, ledger_url: str) -> dict[str, float]:
     cfg = JobConfig.model_validate({
         "rollout": {"group_size": args.group_size, "groups_in_flight": args.groups_in_flight},
         "trainer": {"steps": steps_total, "groups_per_step": args.groups_per_step},
-        "algo": {"max_staleness": args.groups_in_flight // args.groups_per_step - 1},
+        # scripted rewards are equal within a group (one task per group): with the filter
+        # on, the planner would drop every group and end the job for want of a signal
+        "algo": {
+            "max_staleness": args.groups_in_flight // args.groups_per_step - 1,
+            "filter_zero_variance": False,
+        },
     })  # fmt: skip
     ledger = Ledger.open(ledger_url)
     job = ledger.create_job("bench", {})
@@ -141,15 +147,18 @@ def run(args: argparse.Namespace, ledger_url: str) -> dict[str, float]:
     wargs = {"ledger": ledger_url, "stream": stream_name, "job": job, "turns": args.turns,
              "tokens": args.tokens, "latency": args.latency, "concurrency": args.concurrency,
              "group_commit": args.group_commit}  # fmt: skip
+    # daemons: an exception in the controller loop below ends the benchmark instead of
+    # leaving it waiting on children blocked in `tasks.get()`
     procs = [
-        ctx.Process(target=worker_main, args=(wargs, tasks, results)) for _ in range(args.workers)
+        ctx.Process(target=worker_main, args=(wargs, tasks, results), daemon=True)
+        for _ in range(args.workers)
     ]
-    procs.append(ctx.Process(target=trainer_main, args=(stream_name, steps, done)))
+    procs.append(ctx.Process(target=trainer_main, args=(stream_name, steps, done), daemon=True))
     for p in procs:
         p.start()
     peak = {"memory": 0, "length": 0}
     stop = threading.Event()
-    sampler = threading.Thread(target=sample_redis, args=(stream_name, peak, stop))
+    sampler = threading.Thread(target=sample_redis, args=(stream_name, peak, stop), daemon=True)
     sampler.start()
     planner, committer = Planner(cfg, job, ledger), StepCommitter(ledger, job)
     step, batch, timings = 0, None, []
@@ -163,7 +172,8 @@ def run(args: argparse.Namespace, ledger_url: str) -> dict[str, float]:
             steps.put(("step", batch))
         try:
             report, ledger_s, stream_s, wall = results.get(timeout=0.02)
-            planner.book.scored(report.rollout_id)
+            planner.scored(report)
+            planner.sift()  # judges finished groups (all kept: the filter is off)
             timings.append((ledger_s, stream_s, wall))
         except queue.Empty:
             pass
