@@ -9,6 +9,9 @@ tokens = 512 blocks, query tile 16, clustered index queries). Per length: the wh
 indexer (`select_blocks` + `union_steps`) by device events, and each kernel's share of it
 from the profiler (GPU time per kernel name over one call), with the HBM floor of the
 score buffer this design writes and reads back (fp32, causal half). Prints a markdown table.
+
+A change to the selection must leave it bitwise the same: `--save FILE` in the tree before
+and `--compare FILE` in the tree after (same machine) check every length's ids and bitmaps.
 """
 
 from __future__ import annotations
@@ -36,7 +39,11 @@ from benchmarks.bench_attention import (  # noqa: E402
     timed,
 )
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
-from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
+from rlsys.kernels.triton_ops.indexer import (  # noqa: E402
+    Selection,
+    select_blocks,
+    union_steps,
+)
 
 
 def kernel_ms(fn, dev: str) -> dict[str, float]:  # noqa: ANN001
@@ -56,17 +63,26 @@ def kernel_ms(fn, dev: str) -> dict[str, float]:  # noqa: ANN001
     return dict(per)
 
 
-def measure(length: int, topk: int, reps: int, dev: str) -> tuple[float, dict[str, float]]:
+def measure(
+    length: int, topk: int, reps: int, dev: str, keep: bool
+) -> tuple[float, dict[str, float], tuple[torch.Tensor, torch.Tensor] | None]:
+    """Indexer ms, ms per kernel, and (when `keep`) the selection's (ids, bits) on the host."""
     qi, bk = index_inputs(length, dev, random_sel=False)
     kv = contiguous_table([length], PAGE, dev)
     bkt = PagedKV(kv.block_table // B, PAGE // B)
     tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
 
-    def indexer() -> object:
-        sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=topk // B, block=B, precision="tf32")
-        return union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    def select() -> Selection:
+        return select_blocks(qi, bk, tiles, bkt, topk_blocks=topk // B, block=B, precision="tf32")
 
-    return timed(indexer, reps), kernel_ms(indexer, dev)
+    def indexer() -> object:
+        return union_steps(select(), tiles, block=B, step=SPARSE_STEP)
+
+    kept = None
+    if keep:
+        sel = select()
+        kept = (sel.ids.cpu(), sel.bits.cpu())
+    return timed(indexer, reps), kernel_ms(indexer, dev), kept
 
 
 def main() -> None:
@@ -75,6 +91,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--topk", type=int, default=4096)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    parser.add_argument("--save", help="write each length's selection (ids, bits) to this file")
+    parser.add_argument("--compare", help="check each selection bitwise against a --save file")
     args = parser.parse_args()
     if args.smoke:
         args.lengths, args.topk, args.reps = "512", 128, 1
@@ -83,14 +101,28 @@ def main() -> None:
     print(f"device: {name}; torch {torch.__version__}; k = {args.topk} tokens, B = {B}")
     print("\n| tokens | indexer ms | kernel | kernel ms | share | score-buffer HBM floor ms |")
     print("|---:|---:|---|---:|---:|---:|")
+    selections: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    keep = bool(args.save or args.compare)
     for length in (int(x) for x in args.lengths.split(",")):
-        total, per = measure(length, args.topk, args.reps, dev)
+        total, per, kept = measure(length, args.topk, args.reps, dev, keep)
+        if kept is not None:
+            selections[length] = kept
         # the fp32 scores of every (query, group, past block), written once and read once
         floor = 2 * length * HKV * (length / B / 2) * 4 / (HBM_TBPS * 1e12) * 1e3
         print(f"| {length} | {total:.2f} | (all) | | | {floor:.2f} |")
         busy = sum(per.values()) or 1.0
         for kname, ms in sorted(per.items(), key=lambda kv: -kv[1])[:6]:
             print(f"| | | `{kname[:40]}` | {ms:.2f} | {ms / busy:.0%} | |")
+    if args.save:
+        torch.save(selections, args.save)
+    if args.compare:
+        saved = torch.load(args.compare)
+        for length, (ids, bits) in selections.items():
+            if length not in saved:
+                print(f"{length} tokens: not in {args.compare}")
+                continue
+            same = torch.equal(ids, saved[length][0]) and torch.equal(bits, saved[length][1])
+            print(f"{length} tokens: selection {'bitwise the same' if same else 'DIFFERS'}")
 
 
 if __name__ == "__main__":
