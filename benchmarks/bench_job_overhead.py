@@ -33,8 +33,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import redis
-
 from rlsys.config.job import JobConfig
 from rlsys.control.ledger_sink import LedgerEventBuffer
 from rlsys.control.ledger_writer import GroupCommitWriter
@@ -44,6 +42,7 @@ from rlsys.control.step_commit import StepCommitter
 from rlsys.control.trajectory_inbox import TrajectoryInbox
 from rlsys.ledger.queries import stats
 from rlsys.ledger.records import Transition
+from rlsys.ledger.redis_stream import RedisRolloutStream
 from rlsys.ledger.scratch import scratch_postgres_database
 from rlsys.ledger.store import Ledger
 from rlsys.ledger.stream import RedisStreamConfig, open_stream
@@ -118,12 +117,12 @@ def trainer_main(stream_name: str, steps: Any, done: Any) -> None:
 
 
 def sample_redis(stream_name: str, peak: dict[str, int], stop: threading.Event) -> None:
-    r = redis.Redis.from_url(REDIS)
-    base = int(r.info("memory")["used_memory"])
+    stream = RedisRolloutStream(RedisStreamConfig(url=REDIS, stream=stream_name))
+    base = stream.server_memory_bytes()
     while not stop.wait(0.05):
-        peak["memory"] = max(peak["memory"], int(r.info("memory")["used_memory"]) - base)
-        peak["length"] = max(peak["length"], int(r.xlen(stream_name)))
-    r.close()
+        peak["memory"] = max(peak["memory"], stream.server_memory_bytes() - base)
+        peak["length"] = max(peak["length"], stream.length())
+    stream.close()
 
 
 def run(args: argparse.Namespace, ledger_url: str) -> dict[str, float]:
@@ -198,7 +197,7 @@ def run(args: argparse.Namespace, ledger_url: str) -> dict[str, float]:
     sampler.join()
     trained = stats(ledger, job)["terminal"]["trained"]
     ledger.close()
-    redis.Redis.from_url(REDIS).delete(stream_name)
+    RedisRolloutStream(RedisStreamConfig(url=REDIS, stream=stream_name)).delete()
     overhead = [(lg + st) / w for lg, st, w in timings]
     return {
         "sessions": len(timings),

@@ -229,6 +229,16 @@ class RedisRolloutStream:
             start = f"({_text(page[-1][0])}"
         return total
 
+    def length(self) -> int:
+        """Entries in the stream now (acked entries are deleted: what is in flight)."""
+        with self._errors("length"):
+            return int(self._redis.xlen(self.name))
+
+    def server_memory_bytes(self) -> int:
+        """The Redis server's `used_memory` (all keys, not this stream's alone)."""
+        with self._errors("memory"):
+            return int(self._redis.info("memory")["used_memory"])
+
     def delete(self) -> None:
         with self._errors("delete"):
             self._redis.delete(self.name)

@@ -71,6 +71,19 @@ def test_entries_pending_on_an_exited_process_are_reclaimed(config: RedisStreamC
     assert (position.pending, position.backlog, position.length) == (0, 0, 0)
 
 
+def test_length_counts_what_is_in_flight_and_the_server_reports_its_memory(
+    config: RedisStreamConfig,
+) -> None:
+    stream = RedisRolloutStream(config)
+    stream.publish_many([(f"r{i}", {"i": i}) for i in range(4)])
+    assert stream.length() == 4
+    taken = stream.read("t", count=3)
+    stream.ack([e.entry_id for e in taken])  # acked entries are deleted
+    assert stream.length() == 1
+    assert stream.server_memory_bytes() > 0
+    stream.close()
+
+
 def test_open_stream_from_url_reaches_the_same_stream(config: RedisStreamConfig) -> None:
     by_config = open_stream(config)
     by_url = open_stream(f"{config.url}?stream={config.stream}&group={config.group}")
