@@ -15,7 +15,10 @@ Invariants:
 - a stream that does not answer is retried with bounded backoff for `store.stream_retry_s`
   (publishing is idempotent, so a retry never duplicates): a short outage ends no rollout;
   past the window the rollout ends `failed_stream` (the controller plans a linked retry),
-  never `failed_worker_lost`, since no worker died.
+  never `failed_worker_lost`, since no worker died;
+- a rollout the job's end (or a stop, or a reconcile) ended before the worker wrote its
+  start or its end is reported in that state, not raised: its end is already named, and
+  an error there would only outlive the job as noise on the driver's console.
 """
 
 from __future__ import annotations
@@ -91,12 +94,13 @@ class RolloutWorker:
 
         rid = a.rollout_id
         sink = LedgerEventBuffer(rid, self.job_id)
-        self.writer.apply(
-            [
-                Transition(rid, S.ADMITTED, updates={"owner": self.worker_id}),
-                Transition(rid, S.RUNNING),
-            ]
-        )
+        admit = [
+            Transition(rid, S.ADMITTED, updates={"owner": self.worker_id}),
+            Transition(rid, S.RUNNING),
+        ]
+        ended = self.writer.apply_unless_ended(rid, admit)
+        if ended is not None:  # the job ended (or was stopped) before this rollout started
+            return RolloutReport(rid, ended, None)
         generator = AdmittedGenerator(self.scheduler, self.replicas, sink.admission)
         started = time.time()
         outcome = run_rollout(
@@ -136,7 +140,10 @@ class RolloutWorker:
                 state = S.FAILED_STREAM
                 reason = f"the rollout stream stayed unreachable for {self.stream_retry_s:.0f} s: "
                 reason += str(err)[:300]
-        self.writer.apply([Transition(rid, state, reason=reason, updates=updates)], sink.drain())
+        end = [Transition(rid, state, reason=reason, updates=updates)]
+        ended = self.writer.apply_unless_ended(rid, end, sink.drain())
+        if ended is not None:  # ended while it ran: its stream entry is discarded unread
+            return RolloutReport(rid, ended, entry)
         scored = state is S.SCORED
         return RolloutReport(
             rid,

@@ -9,7 +9,9 @@ one writer thread, which commits whatever has gathered as one `Ledger.apply`.
 Invariants: `apply` returns only after the caller's records are committed (or raises what
 the ledger raised for them), so a rollout's write order is what it was; a batch the ledger
 refuses (one rollout's transition conflicts, say a stop cancelled it) is re-applied caller
-by caller, so one refusal fails only its own caller. No Ray: unit-tested.
+by caller, so one refusal fails only its own caller; `apply_unless_ended` turns the one
+refusal that is not an error — the rollout already ended, by a job's end or a reconcile
+that raced the worker — into the state it ended in. No Ray: unit-tested.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 
+from rlsys.ledger.errors import TransitionConflict
 from rlsys.ledger.records import Event, Transition
 from rlsys.ledger.store import Ledger
+from rlsys.types import is_terminal
 
 _Item = tuple[list[Transition], list[Event], Future[None]]
 
@@ -38,6 +42,23 @@ class GroupCommitWriter:
         done: Future[None] = Future()
         self._queue.put((list(transitions), list(events), done))
         done.result()
+
+    def apply_unless_ended(
+        self, rollout_id: str, transitions: Iterable[Transition], events: Iterable[Event] = ()
+    ) -> str | None:
+        """`apply` one rollout's records; None once committed. If the ledger refused them
+        because the rollout had already ended (the job ended or was stopped and cancelled
+        it, a reconcile ended it as lost), returns that terminal state and writes nothing:
+        the rollout's end is named already, and the caller must not run or end it again.
+        Any other refusal is raised."""
+        try:
+            self.apply(transitions, events)
+        except TransitionConflict:
+            state = self.ledger.rollout_state(rollout_id)
+            if state is None or not is_terminal(state):
+                raise
+            return state
+        return None
 
     def close(self) -> None:
         self._queue.put(None)

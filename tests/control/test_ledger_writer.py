@@ -9,6 +9,7 @@ import pytest
 from rlsys.control.ledger_writer import GroupCommitWriter
 from rlsys.control.planner import Planner
 from rlsys.ledger.errors import TransitionConflict
+from rlsys.ledger.reconcile import finish_job
 from rlsys.ledger.records import Event, Transition
 from rlsys.types import RolloutState as S
 from tests.control.conftest import job_config
@@ -83,3 +84,24 @@ def test_a_refused_transition_fails_only_its_caller(ledger, job):
     writer.close()
     assert [rid for rid, _ in errors] == [a]
     assert ledger.rollout_state(b) == "admitted"
+
+
+def test_a_rollout_the_job_end_cancelled_is_reported_as_ended_not_raised(ledger, job):
+    # The race the job's end runs against a worker: `finish_job` cancels a dispatched
+    # rollout, then the worker writes its start (or, for one already running, its end).
+    planned = [
+        a.rollout_id for a in Planner(job_config(), job, ledger).plan(step=0, training=False)
+    ]
+    started, waiting, live = planned[:3]
+    writer = GroupCommitWriter(ledger)
+    admit = [Transition(started, S.ADMITTED), Transition(started, S.RUNNING)]
+    assert writer.apply_unless_ended(started, admit) is None
+    # A refusal of a live rollout is still the caller's error (planned -> scored is invalid).
+    with pytest.raises(TransitionConflict):
+        writer.apply_unless_ended(live, [Transition(live, S.SCORED)])
+    finish_job(ledger, job, "failed", "no learning signal: test")
+    assert writer.apply_unless_ended(waiting, [Transition(waiting, S.ADMITTED)]) == "cancelled"
+    end = [Transition(started, S.SCORED)]
+    assert writer.apply_unless_ended(started, end, [Event(started, job, "turn")]) == "cancelled"
+    writer.close()
+    assert {ledger.rollout_state(r) for r in planned} == {"cancelled"}
