@@ -2,8 +2,13 @@
 
 Usage: python benchmarks/count_trainer_ops.py [--preset large] [--layers 8] [--length 8192]
     [--device cuda] [--top 40]
-On the CPU, `RLSYS_KERNELS=triton TRITON_INTERPRET=1` runs the same Triton path as CUDA
-(use a small preset and length there).
+    python benchmarks/count_trainer_ops.py --device cpu --layers 4 --length 320
+On the CPU the same Triton path as CUDA runs under the interpreter (`RLSYS_KERNELS=triton
+TRITON_INTERPRET=1` are set for you) on a model with the preset's structure and the small
+widths of `count_decode_kernels.py`. Each Triton launch counts one op at its site, and the
+aten ops the interpreter itself issues inside a launch are not counted, so the CPU count
+tracks the GPU's (the dense products differ: the dispatcher sends bf16 products to cuBLAS
+on the GPU, fp32 ones to the Triton linear on the CPU).
 
 One warm-up `train_step` on two sequences of `--length` tokens (replay on, chunked LM
 head, as `bench_trainer_gpu.py`), then one step under a dispatch mode that counts every
@@ -17,21 +22,30 @@ batch first. Only views and metadata ops that launch nothing are left out of the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("RLSYS_KERNELS", "triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_trainer_gpu import trajectory  # noqa: E402
+from benchmarks.count_decode_kernels import SMALL_WIDTHS  # noqa: E402
 from rlsys.config.algo import AlgoConfig  # noqa: E402
 from rlsys.config.job import TrainerSection  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
+from rlsys.kernels.triton_launches import hooked_triton_launches  # noqa: E402
 from rlsys.model import Transformer  # noqa: E402
 from rlsys.trainer import Trainer  # noqa: E402
 
@@ -82,16 +96,23 @@ def _sync_kind(name: str, args: tuple, kwargs: dict, out: object) -> str | None:
 
 
 def _site() -> str:
-    """The innermost project frame on the Python stack, or the running backward node."""
+    """The running built-in backward node (autograd's engine issues its ops; on the CPU the
+    engine runs on the caller's thread, under the `backward()` call's frames), else the
+    innermost project frame on the Python stack (the launch hook's own frame skipped)."""
+    node = torch._C._current_autograd_node()
+    if node is not None and not isinstance(node, torch.autograd.function.BackwardCFunction):
+        return f"<backward {type(node).__name__}>"
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
+        if path.endswith("triton_launches.py"):
+            frame = frame.f_back
+            continue
         if path.startswith(PROJECT) or "/rlsys/" in path:
             rel = path.split("/rlsys/")[-1] if "/rlsys/" in path else Path(path).name
             return f"{rel}:{frame.f_lineno} {frame.f_code.co_name}"
         frame = frame.f_back
-    node = torch._C._current_autograd_node()
-    return f"<backward {type(node).__name__}>" if node is not None else "<no project frame>"
+    return "<no project frame>"
 
 
 class OpSites(TorchDispatchMode):
@@ -102,11 +123,23 @@ class OpSites(TorchDispatchMode):
         self.sites: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
         self.syncs: Counter[str] = Counter()
+        self.paused = 0  # inside a Triton launch: the interpreter's own ops are not the step's
+
+    def on_launch(self, name: str, real: bool, launch: Callable[[], Any]) -> Any:
+        """A Triton launch is one op at its site, whatever its host side does."""
+        if real:
+            self.sites[_site()] += 1
+            self.ops[f"triton.{name}"] += 1
+        self.paused += 1
+        try:
+            return launch()
+        finally:
+            self.paused -= 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = func.__name__.split(".")[0]
         out = func(*args, **(kwargs or {}))
-        if name in FREE:
+        if name in FREE or self.paused:
             return out
         site = _site()
         self.sites[site] += 1
@@ -126,7 +159,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=40)
     args = p.parse_args()
     torch.manual_seed(0)
-    cfg = preset(args.preset).with_overrides({"n_layers": args.layers})
+    small = SMALL_WIDTHS if args.device == "cpu" else {}
+    cfg = preset(args.preset).with_overrides({**small, "n_layers": args.layers})
     model = Transformer(cfg).to(args.device)
     trajs = [
         trajectory(model, args.length, args.device),
@@ -141,12 +175,18 @@ def main() -> None:
     trainer.train_step(trajs)
     counter = OpSites()
     start = time.perf_counter()
-    with counter:
+    with counter, hooked_triton_launches(counter.on_launch):
         trainer.train_step(trajs)
     wall = time.perf_counter() - start
     total = sum(counter.sites.values())
-    print(f"{args.preset} cut to {args.layers} blocks, 2 x {args.length} tokens, {args.device}")
-    print(f"ops that launch work: {total:,} per step ({wall:.1f} s under the counter)")
+    widths = " (small widths)" if small else ""
+    print(
+        f"{args.preset}{widths} cut to {args.layers} blocks, 2 x {args.length} tokens, {args.device}"
+    )
+    print(
+        f"ops that launch work: {total:,} per step, {total / args.layers:,.0f} per block "
+        f"({wall:.1f} s under the counter)"
+    )
     print("\n| ops | share | site |\n|---:|---:|---|")
     for site, n in counter.sites.most_common(args.top):
         print(f"| {n:,} | {n / total:.1%} | `{site}` |")

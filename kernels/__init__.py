@@ -12,6 +12,7 @@ call that runs a Triton kernel; no ray/redis/sqlalchemy).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from rlsys.kernels import reference
@@ -60,10 +61,11 @@ def sequential_sum(x: Tensor, dim: int) -> Tensor:
     """
     if not use_triton(x):
         return reference.sequential_sum(x, dim)
-    acc = x.select(dim, 0)
-    for i in range(1, x.shape[dim]):
-        acc = acc + x.select(dim, i)
-    return acc
+    from rlsys.kernels.triton_ops.autograd import SequentialSum, in_order_fold
+
+    if x.requires_grad and torch.is_grad_enabled():  # one autograd node, not 2 per element
+        return SequentialSum.apply(x, dim)
+    return in_order_fold(x, dim)
 
 
 def normalize_rows(x: Tensor) -> Tensor:

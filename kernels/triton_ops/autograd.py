@@ -193,3 +193,60 @@ class LogSoftmax(torch.autograd.Function):
         (out,) = ctx.saved_tensors
         gx = g - torch.exp(out) * g.sum(-1, keepdim=True)
         return gx.to(ctx.in_dtype)
+
+
+def in_order_fold(x: Tensor, dim: int) -> Tensor:
+    """`x.sum(dim)` as the in-order fold `((x0 + x1) + x2) + ...` (`kernels.sequential_sum`)."""
+    acc = x.select(dim, 0)
+    for i in range(1, x.shape[dim]):
+        acc = acc + x.select(dim, i)
+    return acc
+
+
+class SequentialSum(torch.autograd.Function):
+    """The in-order fold as one autograd node: the forward is the fold's bits; the backward
+    is the sum's gradient, `g` broadcast along `dim` (one op, not a select and an add per
+    element of `dim`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
+        ctx.dim, ctx.shape = dim, x.shape
+        return in_order_fold(x, dim)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
+        return g.unsqueeze(ctx.dim).expand(ctx.shape), None
+
+
+class Combine(torch.autograd.Function):
+    """`h + (shared + sum_j gates[:, j] * y_sorted[pos[:, j]])` (N, d) fp32: the MoE's combine
+    and residual add as the inference kernel computes them (`moe_route.combine_fwd`, bitwise
+    the unfused fold in slot order), with a backward of a few batched ops (the per-slot
+    fold's autograd graph is four nodes per slot). `pos` (N, k): where the expert layout put
+    each (token, slot) row, a permutation of the rows of `y_sorted` (N * k, d) fp32."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, h: Tensor, y_sorted: Tensor, pos: Tensor, gates: Tensor, shared: Tensor | None
+    ) -> Tensor:
+        from rlsys.kernels.triton_ops.moe_route import combine_fwd
+
+        ctx.save_for_backward(y_sorted, pos, gates)
+        ctx.has_shared = shared is not None
+        return combine_fwd(h, y_sorted, pos, gates, shared)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        y_sorted, pos, gates = ctx.saved_tensors
+        n, k = pos.shape
+        flat = pos.reshape(-1)
+        need_y, need_gates = ctx.needs_input_grad[1], ctx.needs_input_grad[3]
+        gy = None
+        if need_y:  # row pos[t, j] of y_sorted fed token t with weight gates[t, j]
+            slots = (g.unsqueeze(1) * gates.float().unsqueeze(-1)).reshape(n * k, -1)
+            gy = torch.empty_like(y_sorted).index_copy_(0, flat, slots)
+        gg = None
+        if need_gates:  # d out / d gates[t, j] = y_sorted[pos[t, j]]
+            y_tok = y_sorted.index_select(0, flat).view(n, k, -1)
+            gg = torch.bmm(y_tok, g.unsqueeze(-1)).squeeze(-1).to(gates.dtype)
+        return g, gy, None, gg, (g if ctx.has_shared else None)

@@ -103,11 +103,28 @@ class MoE(nn.Module):
                     "moe_balance",
                     self.cfg.aux_loss_weight * self._balance_loss(scores, counts, idx.numel()),
                 )
+        if residual is not None and use_triton(x) and self.row_parallel.degree == 1:
+            return self._combined(x, idx, counts, gates, residual)
         expert_out = self._run_experts(x, idx, counts)
         shared = self.shared.partial(x) if self.shared is not None else None
         expert_out, shared = self._reduce(expert_out, shared)
         out = kernels.moe_combine(expert_out, gates, shared)
         return out if residual is None else residual + out
+
+    def _combined(
+        self, x: Tensor, idx: Tensor, counts: Tensor, gates: Tensor, residual: Tensor
+    ) -> Tensor:
+        """The Triton path on one rank: the combine and the residual add as the inference
+        kernel computes them, reading the experts' rows where the sort put them (`Combine`:
+        bitwise `residual + moe_combine(...)`, with a batched backward)."""
+        from rlsys.kernels.triton_ops.autograd import Combine, SortedRows
+
+        n, k = idx.shape
+        order = torch.argsort(idx.reshape(-1), stable=True)
+        inverse = _inverse_permutation(order)
+        ys = self._grouped(SortedRows.apply(x, order, inverse, k), counts)
+        shared = self.shared.partial(x) if self.shared is not None else None
+        return Combine.apply(residual, ys, inverse.view(n, k), gates, shared)
 
     def _fusable(self, x: Tensor, routing: Routing | None) -> bool:
         from rlsys.kernels.triton_ops.moe_route import RANK_MAX
@@ -210,10 +227,7 @@ class MoE(nn.Module):
         if use_triton(x):
             from rlsys.kernels.triton_ops.autograd import SortedRows
 
-            # the inverse permutation: slot s of the output is row inverse[s] of the experts'
-            inverse = torch.empty_like(order).scatter_(
-                0, order, torch.arange(order.shape[0], device=order.device)
-            )
+            inverse = _inverse_permutation(order)
             ys = self._grouped(SortedRows.apply(x, order, inverse, k), counts)
             return ys.index_select(0, inverse).view(n, k, -1)
         ys = self._per_expert(x[order // k], counts.tolist())
@@ -263,6 +277,13 @@ class MoE(nn.Module):
             delta = torch.sign(self.expert_load.mean() - self.expert_load)
             self.expert_bias += self.cfg.balance_bias_rate * delta
         self.expert_load.zero_()
+
+
+def _inverse_permutation(order: Tensor) -> Tensor:
+    """Slot s of the routed rows is row `inverse[s]` of the rows sorted by expert."""
+    return torch.empty_like(order).scatter_(
+        0, order, torch.arange(order.shape[0], device=order.device)
+    )
 
 
 def _expert_counts(idx: Tensor, n_experts: int) -> Tensor:

@@ -124,8 +124,11 @@ class Trainer:
         self.parallel.prepare(model)
         model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.device = next(model.parameters()).device
+        # fused: one kernel per step for every parameter (the per-parameter or foreach
+        # updates are hundreds of launches); the optimiser's numerics are the trainer's own,
+        # the engine only ever sees the weights it produces
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
         )
         self.critic = (
             Critic(model.cfg.d_model, algo.critic).to(self.device) if algo.critic.enabled else None
