@@ -123,6 +123,7 @@ class OpSites(TorchDispatchMode):
         self.sites: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
         self.syncs: Counter[str] = Counter()
+        self.pairs: Counter[str] = Counter()  # "op at site"
         self.paused = 0  # inside a Triton launch: the interpreter's own ops are not the step's
 
     def on_launch(self, name: str, real: bool, launch: Callable[[], Any]) -> Any:
@@ -144,6 +145,7 @@ class OpSites(TorchDispatchMode):
         site = _site()
         self.sites[site] += 1
         self.ops[name] += 1
+        self.pairs[f"{name} at {site}"] += 1
         kind = _sync_kind(name, args, kwargs or {}, out)
         if kind is not None:
             self.syncs[f"{kind}: {name} at {site}"] += 1
@@ -195,6 +197,9 @@ def main() -> None:
     )
     for site, n in counter.syncs.most_common(args.top):
         print(f"| {n:,} | `{site}` |")
+    print("\n| ops | op at site |\n|---:|---|")
+    for pair, n in counter.pairs.most_common(args.top):
+        print(f"| {n:,} | `{pair}` |")
     print("\nmost frequent ops: " + ", ".join(f"{k} {v:,}" for k, v in counter.ops.most_common(15)))
 
 

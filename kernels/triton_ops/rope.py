@@ -66,7 +66,7 @@ def rope_fwd(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
     """x (N, H, D) rotated by positions (N,) with inv_freq (D/2,) fp32; x's dtype."""
     check_device(x, positions, inv_freq)
     n, h, d = x.shape
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, whatever x is
     pairs = n * h
     if pairs:
         _rope[(triton.cdiv(pairs, ROWS),)](

@@ -77,11 +77,13 @@ class AttentionProjections(nn.Module):
         cfg = self.cfg
         n, hd = x.shape[0], cfg.head_dim
         y, (oq, ok, ov, og) = self.product(x)
-        q = y[:, oq : oq + cfg.n_heads * hd].reshape(n, cfg.n_heads, hd)
-        k = y[:, ok : ok + cfg.n_kv_groups * hd].reshape(n, cfg.n_kv_groups, hd)
+        widths = (cfg.n_heads * hd, cfg.n_kv_groups * hd, cfg.n_kv_groups * hd, cfg.n_heads)
+        yq, yk, yv, yg = column_parts(y, tuple(zip((oq, ok, ov, og), widths, strict=True)))
+        q = yq.reshape(n, cfg.n_heads, hd)
+        k = yk.reshape(n, cfg.n_kv_groups, hd)
         # contiguous: the attention kernels read v with k's strides
-        v = y[:, ov : ov + cfg.n_kv_groups * hd].reshape(n, cfg.n_kv_groups, hd).contiguous()
-        gate = fused.sigmoid(y[:, og : og + cfg.n_heads]).to(y.dtype)
+        v = yv.reshape(n, cfg.n_kv_groups, hd).contiguous()
+        gate = fused.sigmoid(yg).to(y.dtype)
         rot_q, rot_k = (
             apply_rope(q, positions, cfg.rope_theta),
             apply_rope(k, positions, cfg.rope_theta),
@@ -131,6 +133,37 @@ class AttentionProjections(nn.Module):
             if triton_computes("row_tree", self.wo):
                 return partial_products(mixed, self.wo, self.row_parallel.chunks)
         return self.row_parallel.linear(mixed, self.wo)
+
+
+class _ColumnParts(torch.autograd.Function):
+    """Column slices of one product as one autograd node. Its backward writes every part's
+    gradient into one zero-filled tensor of the product's shape: one fill and a copy per
+    part, where a slice per part would fill a full-size tensor each and add them up."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor, parts: tuple[tuple[int, int], ...]) -> tuple[Tensor, ...]:
+        ctx.shape, ctx.parts = y.shape, parts
+        ctx.set_materialize_grads(False)
+        return tuple(y[:, start : start + width] for start, width in parts)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, None]:
+        given = [g for g in grads if g is not None]
+        if not given:
+            return None, None
+        full = given[0].new_zeros(ctx.shape)
+        for (start, width), g in zip(ctx.parts, grads, strict=True):
+            if g is not None:
+                full[:, start : start + width] = g
+        return full, None
+
+
+def column_parts(y: Tensor, parts: tuple[tuple[int, int], ...]) -> tuple[Tensor, ...]:
+    """Views `y[:, start : start + width]` of each (start, width) part; under autograd one
+    node for them all (`_ColumnParts`)."""
+    if torch.is_grad_enabled() and y.requires_grad:
+        return _ColumnParts.apply(y, parts)
+    return tuple(y[:, start : start + width] for start, width in parts)
 
 
 def rows_to_items(

@@ -19,7 +19,9 @@ class _TritonRope(torch.autograd.Function):
         from rlsys.kernels.triton_ops.rope import rope_fwd
 
         ctx.save_for_backward(positions, inv_freq)
-        return rope_fwd(x.contiguous(), positions, inv_freq)
+        # the kernel reads (row, head) strides: q and k, column slices of the fused
+        # projection, are read in place (a copy each otherwise)
+        return rope_fwd(x if x.stride(-1) == 1 else x.contiguous(), positions, inv_freq)
 
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[no-untyped-def]
