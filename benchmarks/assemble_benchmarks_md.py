@@ -36,6 +36,7 @@ ORDER = [
     "gpu_engine_decode",
     "gpu_bitmap_word",
     "gpu_indexer_select",
+    "trainer_step_ops",
     "job_ends",
     "ci_time",
 ]
