@@ -97,26 +97,27 @@ class SwiGLU(torch.autograd.Function):
 class GroupedSwiGLU(torch.autograd.Function):
     """Per expert e: silu(x_e w1[e]^T) * (x_e w3[e]^T); rows sorted by expert.
 
-    `offsets` (E,) int32 on the device: the cumulative expert row counts. The backward is
-    four grouped GEMMs (`torch._grouped_mm`) and one element-wise kernel over every expert
-    at once: no expert count reaches the host."""
+    `offsets` (E,) int32 on the device: the cumulative expert row counts; `empty` (E,)
+    bool: the experts without rows. The backward is four grouped GEMMs
+    (`torch._grouped_mm`) and one element-wise kernel over every expert at once: no expert
+    count reaches the host."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
+        ctx: Any, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple, empty: Tensor
     ) -> Tensor:
-        ctx.save_for_backward(x, w1, w3, offsets)
+        ctx.save_for_backward(x, w1, w3, offsets, empty)
         return products().grouped_swiglu(x, w1, w3, offsets, tiles)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        x, w1, w3, offsets = ctx.saved_tensors
+        x, w1, w3, offsets, empty = ctx.saved_tensors
         h = w1.shape[1]
         xw, w13 = x.to(w1.dtype), torch.cat([w1, w3], dim=1)  # (E, 2H, K)
         d13 = silu_mul_bwd(grouped_mm(xw, w13.transpose(1, 2), offsets), g.to(w1.dtype))
         gx = grouped_mm(d13, w13, offsets)
-        g13 = _empty_experts_zero(grouped_mm(d13.t(), xw, offsets), offsets)
-        return gx.to(x.dtype), g13[:, :h], g13[:, h:], None, None
+        g13 = _empty_experts_zero(grouped_mm(d13.t(), xw, offsets), empty)
+        return gx.to(x.dtype), g13[:, :h], g13[:, h:], None, None, None
 
 
 class GroupedTree(torch.autograd.Function):
@@ -125,25 +126,31 @@ class GroupedTree(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, h: Tensor, w2: Tensor, offsets: Tensor, tiles: tuple, n_chunks: int
+        ctx: Any,
+        h: Tensor,
+        w2: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        n_chunks: int,
+        empty: Tensor,
     ) -> Tensor:
-        ctx.save_for_backward(h, w2, offsets)
+        ctx.save_for_backward(h, w2, offsets, empty)
         return products().grouped_tree(h, w2, offsets, tiles, n_chunks)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        h, w2, offsets = ctx.saved_tensors
+        h, w2, offsets, empty = ctx.saved_tensors
         gw = g.to(w2.dtype)
         gh = grouped_mm(gw, w2, offsets)
-        g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), offsets)
-        return gh.to(h.dtype), g2, None, None, None
+        g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), empty)
+        return gh.to(h.dtype), g2, None, None, None, None
 
 
-def _empty_experts_zero(grads: Tensor, offsets: Tensor) -> Tensor:
-    """Weight gradients (E, ., .) with an exact 0 for experts that got no rows: a grouped
-    GEMM over an empty group reduces over nothing, and is not relied on to write zeros."""
-    counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
-    return torch.where((counts > 0)[:, None, None], grads, 0.0)
+def _empty_experts_zero(grads: Tensor, empty: Tensor) -> Tensor:
+    """Weight gradients (E, ., .) with an exact 0 for the `empty` experts (no rows): a
+    grouped GEMM over an empty group reduces over nothing, and is not relied on to write
+    zeros. In place: one launch."""
+    return grads.masked_fill_(empty[:, None, None], 0.0)
 
 
 class SortedRows(torch.autograd.Function):
@@ -231,6 +238,8 @@ class Combine(torch.autograd.Function):
     ) -> Tensor:
         from rlsys.kernels.triton_ops.moe_route import combine_fwd
 
+        # the kernel reads a row's k slots at unit stride (replayed gates may be a view)
+        pos, gates = pos.contiguous(), gates.contiguous()
         ctx.save_for_backward(y_sorted, pos, gates)
         ctx.has_shared = shared is not None
         return combine_fwd(h, y_sorted, pos, gates, shared)

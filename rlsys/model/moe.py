@@ -117,14 +117,11 @@ class MoE(nn.Module):
         """The Triton path on one rank: the combine and the residual add as the inference
         kernel computes them, reading the experts' rows where the sort put them (`Combine`:
         bitwise `residual + moe_combine(...)`, with a batched backward)."""
-        from rlsys.kernels.triton_ops.autograd import Combine, SortedRows
+        from rlsys.kernels.triton_ops.autograd import Combine
 
-        n, k = idx.shape
-        order = torch.argsort(idx.reshape(-1), stable=True)
-        inverse = _inverse_permutation(order)
-        ys = self._grouped(SortedRows.apply(x, order, inverse, k), counts)
+        ys, inverse = self._sorted_experts(x, idx, counts)
         shared = self.shared.partial(x) if self.shared is not None else None
-        return Combine.apply(residual, ys, inverse.view(n, k), gates, shared)
+        return Combine.apply(residual, ys, inverse.view(idx.shape), gates, shared)
 
     def _fusable(self, x: Tensor, routing: Routing | None) -> bool:
         from rlsys.kernels.triton_ops.moe_route import RANK_MAX
@@ -222,16 +219,24 @@ class MoE(nn.Module):
     def _run_experts(self, x: Tensor, idx: Tensor, counts: Tensor) -> Tensor:
         """(N, k, d) fp32 subtotals: expert idx[t, j] applied to token t, in slot j."""
         n, k = idx.shape
-        flat = idx.reshape(-1)
-        order = torch.argsort(flat, stable=True)
         if use_triton(x):
-            from rlsys.kernels.triton_ops.autograd import SortedRows
-
-            inverse = _inverse_permutation(order)
-            ys = self._grouped(SortedRows.apply(x, order, inverse, k), counts)
+            ys, inverse = self._sorted_experts(x, idx, counts)
             return ys.index_select(0, inverse).view(n, k, -1)
+        order = torch.argsort(idx.reshape(-1), stable=True)
         ys = self._per_expert(x[order // k], counts.tolist())
         return ys.new_zeros(n * k, ys.shape[-1]).index_copy(0, order, ys).view(n, k, -1)
+
+    def _sorted_experts(self, x: Tensor, idx: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """The Triton path: (N * k, d) fp32 expert outputs in expert order (stable), and
+        the inverse permutation (slot s = t * k + j of the routed rows is row `inverse[s]`)."""
+        from rlsys.kernels.triton_ops.autograd import SortedRows
+
+        order = torch.argsort(idx.reshape(-1), stable=True)
+        inverse = torch.empty_like(order).scatter_(
+            0, order, torch.arange(order.shape[0], device=order.device)
+        )
+        ys = self._grouped(SortedRows.apply(x, order, inverse, idx.shape[1]), counts)
+        return ys, inverse
 
     def _per_expert(self, x_sorted: Tensor, counts: list[int]) -> Tensor:
         outs, start = [], 0
@@ -250,8 +255,10 @@ class MoE(nn.Module):
         max_tiles = -(-x_sorted.shape[0] // BM) + self.cfg.n_experts
         tiles = expert_tiles(counts, max_tiles)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # on the device, never read
-        hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, offsets, tiles)
-        return GroupedTree.apply(hidden, self.w2, offsets, tiles, self.row_parallel.chunks)
+        empty = counts == 0  # experts whose weight gradients must be exactly 0
+        hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, offsets, tiles, empty)
+        chunks = self.row_parallel.chunks
+        return GroupedTree.apply(hidden, self.w2, offsets, tiles, chunks, empty)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         # Checkpoints written before the experts were stacked hold experts.{e}.w{1,2,3}.
@@ -277,13 +284,6 @@ class MoE(nn.Module):
             delta = torch.sign(self.expert_load.mean() - self.expert_load)
             self.expert_bias += self.cfg.balance_bias_rate * delta
         self.expert_load.zero_()
-
-
-def _inverse_permutation(order: Tensor) -> Tensor:
-    """Slot s of the routed rows is row `inverse[s]` of the rows sorted by expert."""
-    return torch.empty_like(order).scatter_(
-        0, order, torch.arange(order.shape[0], device=order.device)
-    )
 
 
 def _expert_counts(idx: Tensor, n_experts: int) -> Tensor:
