@@ -110,6 +110,9 @@ class HFPolicy(nn.Module):
     def grad_clamp_counts(self) -> list[tuple[int, int]]:
         return []  # no fine-grained gradient clamp on Hugging Face models
 
+    def grad_clamp_clipped(self) -> Tensor:
+        return torch.zeros((), dtype=torch.int64, device=next(self.parameters()).device)
+
     def save_pretrained(self, path: str) -> None:
         """Write the current weights as a Hugging Face model directory (vLLM loads it)."""
         self._hf[0].save_pretrained(path)

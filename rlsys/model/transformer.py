@@ -275,6 +275,13 @@ class Transformer(nn.Module):
         counters = torch.stack([b.clamp.counters for b in self.blocks]).tolist()  # one read
         return [(clipped, seen) for clipped, seen in counters]
 
+    def grad_clamp_clipped(self) -> Tensor:
+        """Gradient vectors the blocks' clamps have clipped since the last reset: an int64
+        scalar on the device, not read (the trainer reads it with the step's other values)."""
+        if not len(self.blocks):
+            return torch.zeros((), dtype=torch.int64, device=self.embed.device)
+        return torch.stack([b.clamp.counters[0] for b in self.blocks]).sum()
+
     def num_parameters(self, active: bool = False) -> int:
         """All parameters, or those one token uses (top-k of the routed experts, no MTP)."""
         total = sum(p.numel() for p in self.parameters())

@@ -22,6 +22,7 @@ that sampled equals the one being trained.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -127,11 +128,17 @@ class TokenSums:
         self.tokens += int(logp_P.numel())
         self._pending.append(torch.stack([v.float() for v in sums + maxima]))
 
-    def settle(self) -> None:
-        """Fold the micro-batches' device sums into the fields (one host read)."""
-        if not self._pending:
-            return
-        rows = torch.stack(self._pending).cpu().tolist()
+    def settle(self, extra: Sequence[Tensor] = ()) -> list[float]:
+        """Fold the micro-batches' device sums into the fields, and return the values of
+        the `extra` device scalars (the step's grad norm, say): one host read for all."""
+        if not self._pending and not extra:
+            return []
+        width = len(self._pending[0]) if self._pending else 0
+        flat = [torch.stack(self._pending).flatten().double()] if self._pending else []
+        if extra:
+            flat.append(torch.stack([e.detach().double().reshape(()) for e in extra]))
+        values = torch.cat(flat).cpu().tolist()
+        rows = [values[i * width : (i + 1) * width] for i in range(len(self._pending))]
         self._pending.clear()
         for row in rows:
             entropy, weight, clipped, drift, k3, loss, pg, kl, critic = row[:9]
@@ -149,6 +156,7 @@ class TokenSums:
                 self.mismatch_abs += fresh_abs
                 self.mismatch_max = max(self.mismatch_max, fresh_max)
                 self.mismatch_k3 += fresh_k3
+        return values[len(values) - len(extra) :]
 
     @torch.no_grad()
     def add_mismatch(self, diff: Tensor) -> None:
@@ -162,8 +170,10 @@ class TokenSums:
         # k3 estimate of KL(behaviour || trainer) from the behaviour's own samples
         self.mismatch_k3 += float((torch.exp(diff) - 1.0 - diff).sum())
 
-    def fill(self, m: StepMetrics) -> None:
-        self.settle()
+    def fill(self, m: StepMetrics, extra: Sequence[Tensor] = ()) -> list[float]:
+        """Write the step's sums into `m`; returns the `extra` device scalars' values, read
+        with the sums (`settle`)."""
+        extra_values = self.settle(extra)
         n = max(self.tokens, 1)
         m.num_policy_tokens = self.tokens
         m.loss, m.pg_loss, m.kl, m.critic_loss = self.loss, self.pg, self.kl, self.critic
@@ -182,6 +192,7 @@ class TokenSums:
                 "max_abs": self.mismatch_max,
                 "k3_kl": self.mismatch_k3 / self.mismatch_tokens,
             }
+        return extra_values
 
 
 def candidate_set_sizes(batches: list[Any]) -> dict[str, float] | None:

@@ -63,7 +63,10 @@ def _chunk_nll(lm_head: Tensor, normed_pd: Tensor, targets_p: Tensor, valid_voca
 def mtp_nll(
     model: Transformer, h_Nd: Tensor, batch: PackedBatch, valid_vocab: int, chunk: int = 1024
 ) -> list[tuple[Tensor, Tensor]]:
-    """Per MTP depth: (NLL (p,) fp32 of the policy tokens it can predict, their index in P)."""
+    """Per MTP depth: (NLL (P,) fp32 of every policy token, which of them the depth can
+    predict (P,) bool). A token the depth cannot predict (its row would be before its
+    segment) is scored from its segment's first row instead and masked out: no
+    data-dependent size, so no read of a device value (`nonzero` would wait for the GPU)."""
     if not len(model.mtp) or batch.num_policy_tokens == 0:
         return []
     starts, ends = _span_bounds(batch)
@@ -71,35 +74,44 @@ def mtp_nll(
     positions = torch.cat([torch.arange(n, device=h_Nd.device) for _, n in batch.spans])
     lm_head, embed = model.lm_head.detach(), model.embed.detach()
     h_prev, out = h_Nd.detach(), []
+    n_p = batch.num_policy_tokens
+    step = chunk if chunk > 0 else n_p
     for depth, head in enumerate(model.mtp, start=1):
         shifted = _shifted_tokens(batch, depth, ends)
         h_prev, normed = head(h_prev, embed[shifted].float(), positions, spans)
         rows = batch.pred_rows_P - depth
-        valid_P = rows >= starts[batch.pred_rows_P]
-        index = valid_P.nonzero().squeeze(-1)
-        normed_pd, targets = normed[rows[index]], batch.targets_P[index]
-        step = chunk if chunk > 0 else max(int(index.numel()), 1)
+        first = starts[batch.pred_rows_P]
+        valid_P = rows >= first
+        normed_pd = normed[torch.where(valid_P, rows, first)]
         parts = []
-        for s in range(0, int(index.numel()), step):
-            args = (lm_head, normed_pd[s : s + step], targets[s : s + step], valid_vocab)
+        for s in range(0, n_p, step):
+            args = (lm_head, normed_pd[s : s + step], batch.targets_P[s : s + step], valid_vocab)
             if chunk > 0 and torch.is_grad_enabled():
                 parts.append(checkpoint(_chunk_nll, *args, use_reentrant=False))
             else:
                 parts.append(_chunk_nll(*args))
-        nll = torch.cat(parts) if parts else normed.new_zeros(0, dtype=torch.float32)
-        out.append((nll, index))
+        out.append((torch.cat(parts), valid_P))
     return out
 
 
 def mtp_loss(per_depth: list[tuple[Tensor, Tensor]], w_P: Tensor | None = None) -> Tensor | None:
-    """Mean over depths of each depth's NLL, weighted by the policy tokens' weights `w_P`
-    (the step's aggregation weights, so the loss does not depend on the micro-batch split)
-    or, without weights, averaged over the tokens. None where no depth has a target."""
-    terms = []
-    for nll, index in per_depth:
-        if nll.numel():
-            terms.append(nll.mean() if w_P is None else (nll * w_P[index]).sum())
-    return torch.stack(terms).mean() if terms else None
+    """Mean over the depths that have a target of each depth's NLL over the tokens it can
+    predict, weighted by the policy tokens' weights `w_P` (the step's aggregation weights,
+    so the loss does not depend on the micro-batch split) or, without weights, averaged
+    over those tokens. None without MTP depths; computed on the device (no read)."""
+    if not per_depth:
+        return None
+    terms, has_target = [], []
+    for nll, valid in per_depth:
+        if w_P is None:
+            count = valid.sum()
+            term = torch.where(valid, nll, 0.0).sum() / count.clamp_min(1)
+        else:
+            term = torch.where(valid, nll * w_P, 0.0).sum()
+        terms.append(term)
+        has_target.append(valid.any())
+    has = torch.stack(has_target)
+    return torch.stack(terms).sum() / has.sum().clamp_min(1)
 
 
 def clip_policy_and_mtp(model: Transformer, max_norm: float, sharded: bool = False) -> Tensor:

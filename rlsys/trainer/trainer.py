@@ -48,6 +48,7 @@ from rlsys.algo.filters import Filtered, split_stale, split_zero_variance
 from rlsys.algo.objectives import per_token_terms
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
+from rlsys.kernels.host_to_device import moved_without_sync
 from rlsys.model import AuxLosses
 from rlsys.model.policy import PolicyModel
 from rlsys.trainer.batch import PackedBatch, micro_batches, pack
@@ -173,7 +174,7 @@ class Trainer:
         if not kept:
             return StepResult(False, metrics, filtered)
         plan = self._plan(kept)  # 2. advantages, packing, per-token weights
-        clamp_before = _clamped(self.model)
+        clamp_before = self.model.grad_clamp_clipped()  # on the device, not read
         sums = self._passes(plan)  # 3. forward and backward per micro-batch
         grad_norm = self._update()  # 4. clip, AdamW, MoE balance, critic
         self.step += 1
@@ -182,12 +183,14 @@ class Trainer:
         self.mismatch.measure(kept, self.version - 1, self.model, self._recompute, sums)
         if stream_position is not None:
             self.stream_position = dict(stream_position)
-        sums.fill(metrics)
-        metrics.candidate_set = candidate_set_sizes(plan.packed)
+        clipped = self.model.grad_clamp_clipped() - clamp_before
+        # the step's one read of device values: the token sums, the grad norm, the clamps
+        norm, clipped_count = sums.fill(metrics, extra=(grad_norm, clipped))
+        metrics.candidate_set = candidate_set_sizes(plan.packed)  # host batches: no read
         metrics.step, metrics.policy_version = self.step, self.version
         metrics.num_tokens = sum(b.num_tokens for b in plan.packed)
-        metrics.grad_norm = float(grad_norm)
-        metrics.grad_clamp_clipped = self.parallel.reduce_count(_clamped(self.model) - clamp_before)
+        metrics.grad_norm = norm
+        metrics.grad_clamp_clipped = self.parallel.reduce_count(int(clipped_count))
         metrics.critic_baseline = plan.use_critic
         metrics.step_s = time.perf_counter() - started
         metrics.tokens_per_s = metrics.num_tokens / max(metrics.step_s, 1e-9)
@@ -216,15 +219,15 @@ class Trainer:
                 normalize_std=self.algo.normalize_std,
             ),
             dtype=torch.float32,
-            device=self.device,
         )
         if self.algo.kl_coef > 0 and self.reference is None:
             self.reference = self.parallel.frozen_copy(self.model)
         return StepPlan(
             packed=packed,
+            # host-built: through pinned memory, no wait for the device (`host_to_device`)
             batches=[packed[i].to(self.device) for i in mine],
-            weights=[all_weights[i].to(self.device) for i in mine],
-            outcome=outcome,
+            weights=[moved_without_sync(all_weights[i], self.device) for i in mine],
+            outcome=moved_without_sync(outcome, self.device),
             use_critic=self.critic is not None and self.critic.ready,
             # the model's auxiliary losses are sums of per-sequence terms: averaging them
             # over the step's sequences keeps the step independent of the micro-batch split
@@ -446,11 +449,6 @@ def _step_metrics(
         metrics.staleness_max = int(staleness.max())
         metrics.reward_mean_kept = sum(t.reward for t in kept) / len(kept)
     return metrics
-
-
-def _clamped(model: PolicyModel) -> int:
-    """Gradient vectors the blocks' clamps have clipped so far (one host read)."""
-    return sum(clipped for clipped, _ in model.grad_clamp_counts())
 
 
 @contextmanager

@@ -37,8 +37,8 @@ def _mean_mtp_nll(model: torch.nn.Module, trajs: list[Trajectory]) -> float:
     batch = pack([(i, s, t) for i, t in enumerate(trajs) for s in t.segments], with_routes=False)
     with torch.no_grad():
         h = packed_hidden(model, batch, "off")
-        (nll, _), *_ = mtp_nll(model, h, batch, model.cfg.vocab_size)
-    return float(nll.mean())
+        (nll, valid), *_ = mtp_nll(model, h, batch, model.cfg.vocab_size)
+    return float(nll[valid].mean())
 
 
 def test_head_one_at_row_r_is_scored_on_the_policy_token_at_row_r_plus_2() -> None:
@@ -47,12 +47,10 @@ def test_head_one_at_row_r_is_scored_on_the_policy_token_at_row_r_plus_2() -> No
     batch = pack([(0, s, trajs[0]) for s in trajs[0].segments], with_routes=False)
     with torch.no_grad():
         h = packed_hidden(model, batch, "off")
-        (nll, index), *_ = mtp_nll(model, h, batch, model.cfg.vocab_size)
+        (nll, valid), *_ = mtp_nll(model, h, batch, model.cfg.vocab_size)
         logp = kernels.log_softmax(model(batch.tokens_N[None]).mtp_logits[0][0])
-    rows = (
-        batch.pred_rows_P[index] - 1
-    )  # the main head predicts from pred_row; head 1 a row earlier
-    assert (rows >= 0).all() and index.numel() == batch.num_policy_tokens  # no policy token at 1
+    rows = batch.pred_rows_P - 1  # the main head predicts from pred_row; head 1 a row earlier
+    assert (rows >= 0).all() and bool(valid.all())  # no policy token at row 1
     expected = -logp[rows].gather(-1, batch.tokens_N[rows + 2].unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(nll, expected)
 
@@ -80,3 +78,16 @@ def test_rl_step_trains_the_heads_and_leaves_the_policy_bitwise_as_without_the_l
     policy = [k for k in trained[0.0] if not k.startswith("mtp.")]
     assert heads and all(torch.equal(trained[0.0][k], trained[0.5][k]) for k in policy)
     assert any(not torch.equal(trained[0.0][k], trained[0.5][k]) for k in heads)
+
+
+def test_the_loss_counts_only_tokens_and_depths_that_have_a_target() -> None:
+    from rlsys.trainer.mtp_loss import mtp_loss
+
+    nll = torch.tensor([1.0, 2.0, 100.0, 3.0])  # token 2: scored from a stand-in row
+    valid = torch.tensor([True, True, False, True])
+    none = torch.zeros(4, dtype=torch.bool)  # a depth past every segment's end
+    w = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    per_depth = [(nll, valid), (nll, none)]
+    assert float(mtp_loss(per_depth)) == (1.0 + 2.0 + 3.0) / 3  # type: ignore[arg-type]
+    assert float(mtp_loss(per_depth, w)) == 0.5 + 0.5 + 0.375  # type: ignore[arg-type]
+    assert mtp_loss([]) is None
