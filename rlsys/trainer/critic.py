@@ -12,6 +12,8 @@ critic would only add noise to the advantages.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -30,11 +32,20 @@ class Critic(nn.Module):
         )
         self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
+        # a host mirror of `updates` (checkpointed as the buffer): reading the buffer each
+        # step would wait for the device; None until read once after a load
+        self._updates_seen: int | None = 0
 
     @property
     def ready(self) -> bool:
         """Whether its baseline is used (pre-training phase over)."""
-        return int(self.updates) >= self.cfg.warmup_updates
+        if self._updates_seen is None:
+            self._updates_seen = int(self.updates)
+        return self._updates_seen >= self.cfg.warmup_updates
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        self._updates_seen = None  # the loaded count is read at the next `ready`
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(self, h_Pd: Tensor) -> Tensor:
         """Values (P,) of the detached fp32 hidden rows."""
@@ -50,3 +61,5 @@ class Critic(nn.Module):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
+        if self._updates_seen is not None:
+            self._updates_seen += 1
