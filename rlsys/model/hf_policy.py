@@ -107,10 +107,8 @@ class HFPolicy(nn.Module):
     def update_balance(self) -> None:
         """No bias-based balancing: a Hugging Face MoE balances through its own losses."""
 
-    def grad_clamp_counts(self) -> list[tuple[int, int]]:
-        return []  # no fine-grained gradient clamp on Hugging Face models
-
     def grad_clamp_clipped(self) -> Tensor:
+        """Always 0: no fine-grained gradient clamp on Hugging Face models."""
         return torch.zeros((), dtype=torch.int64, device=next(self.parameters()).device)
 
     def save_pretrained(self, path: str) -> None:

@@ -268,13 +268,6 @@ class Transformer(nn.Module):
             if isinstance(module, MoE):
                 module.update_balance()
 
-    def grad_clamp_counts(self) -> list[tuple[int, int]]:
-        """(clipped, seen) gradient vectors per block since the last reset."""
-        if not len(self.blocks):
-            return []
-        counters = torch.stack([b.clamp.counters for b in self.blocks]).tolist()  # one read
-        return [(clipped, seen) for clipped, seen in counters]
-
     def grad_clamp_clipped(self) -> Tensor:
         """Gradient vectors the blocks' clamps have clipped since the last reset: an int64
         scalar on the device, not read (the trainer reads it with the step's other values)."""
