@@ -37,6 +37,8 @@ ORDER = [
     "gpu_bitmap_word",
     "gpu_indexer_select",
     "trainer_step_ops",
+    "gpu_trainer_kl",
+    "gpu_attention_launch",
     "job_ends",
     "ci_time",
 ]

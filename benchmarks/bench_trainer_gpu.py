@@ -3,6 +3,7 @@ sequences, with the invariant products and with every product on plain cuBLAS (t
 
 Usage (GPU machine): python benchmarks/bench_trainer_gpu.py [--preset large]
     [--lengths 8192,32768] [--checkpointing off,on] [--repeat 2] [--linear invariant,plain]
+    [--pack 1]
 
 Per sequence length and linear mode (`rlsys.kernels.triton_ops.products`: `invariant` is the
 engine's forward, `plain` every product on cuBLAS / grouped GEMM with its default
@@ -19,6 +20,8 @@ projections, index projections, LM head) + attention: 12 x heads x head_dim x ke
 layer (the SWA window, or Sparse GQA's selected top-k keys) + the indexer's block scores
 (6 x groups x index_dim x past blocks). MFU = model FLOPs / step time / 989 TFLOP/s (the
 H200's dense bf16 peak); recomputation under checkpointing is not counted as useful work.
+`--pack 2` packs both sequences into one micro-batch (`micro_batch_tokens` = 2 x length)
+instead of one each: half the launches per token, where the host bounds the step.
 """
 
 from __future__ import annotations
@@ -107,7 +110,9 @@ def gpu_busy(step: Callable[[], object]) -> tuple[float, float]:
     return kernel_us / 1e6, wall
 
 
-def one(model: Transformer, length: int, checkpointing: bool, repeat: int) -> dict[str, float]:
+def one(
+    model: Transformer, length: int, checkpointing: bool, repeat: int, pack: int
+) -> dict[str, float]:
     torch.manual_seed(0)
     trajs = [trajectory(model, length), trajectory(model, length)]
     trajs[1].reward = 0.0  # a group with variance: the step is not filtered
@@ -115,7 +120,7 @@ def one(model: Transformer, length: int, checkpointing: bool, repeat: int) -> di
         replay_experts="indices",
         replay_candidates=True,
         lm_head_chunk=1024,
-        micro_batch_tokens=length,
+        micro_batch_tokens=pack * length,
         activation_checkpointing=checkpointing,
         mismatch_rollouts=0,
     )
@@ -153,7 +158,7 @@ def run_mode(args: argparse.Namespace) -> None:
             row: dict[str, object] = {"length": length, "ckpt": ckpt}
             try:
                 model.set_activation_checkpointing(ckpt == "on")
-                row.update(one(model, length, ckpt == "on", args.repeat))
+                row.update(one(model, length, ckpt == "on", args.repeat, args.pack))
             except torch.OutOfMemoryError:
                 row["oom"] = True
             model.zero_grad(set_to_none=True)
@@ -168,6 +173,7 @@ def main() -> None:
     p.add_argument("--checkpointing", default="off,on")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--linear", default="invariant,plain", help="comma list of linear modes")
+    p.add_argument("--pack", type=int, default=1, help="sequences per micro-batch (1 or 2)")
     p.add_argument("--child", action="store_true", help="run one mode in this process")
     args = p.parse_args()
     if args.child:
@@ -179,7 +185,8 @@ def main() -> None:
     print(
         f"preset {args.preset}: {model.num_parameters():,} parameters "
         f"({model.num_parameters(active=True):,} active), {cfg.compute_dtype}; "
-        f"{torch.cuda.get_device_name()}; 2 sequences per step, replay on, chunked LM head"
+        f"{torch.cuda.get_device_name()}; 2 sequences per step, {args.pack} per micro-batch, "
+        "replay on, chunked LM head"
     )
     modes = args.linear.split(",")
     rows: dict[str, list[dict]] = {mode: [] for mode in modes}
@@ -189,7 +196,8 @@ def main() -> None:
             env = {k: v for k, v in os.environ.items() if mode != "plain" or k not in WORKSPACE_ENV}
             env["RLSYS_LINEAR"] = mode
             cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--lengths",
-                   length, "--checkpointing", args.checkpointing, "--repeat", str(args.repeat)]  # fmt: skip
+                   length, "--checkpointing", args.checkpointing, "--repeat", str(args.repeat),
+                   "--pack", str(args.pack)]  # fmt: skip
             # streamed: a call cut off by its time limit still shows the rows it measured
             child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
             assert child.stdout is not None

@@ -41,6 +41,10 @@ from rlsys.kernels.triton_ops.common import (
 LOG2E = 1.4426950408889634
 NEG_INIT = tl.constexpr(-1.0e30)
 
+# Launch options of the forward. Engine and trainer launch it alike (a program's reductions
+# follow its layout, which the warp count sets), so they are constants, not per call.
+FORWARD_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
+
 
 @triton.jit
 def row_visibility(
@@ -298,6 +302,6 @@ def attention_forward(
         gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
         G=g, T=tiles.T, D=d, DP=next_pow2(d), STEP=step, PAGE=kv.page_size, BLK=block,
         SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        HAS_GATE=gate is not None,
+        HAS_GATE=gate is not None, **FORWARD_LAUNCH,
     )  # fmt: skip
     return out, lse

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from rlsys import kernels
 from rlsys.config.model import ModelConfig
@@ -26,17 +25,12 @@ from rlsys.kernels.triton_ops.attention import (
     selected_block_mass,
 )
 from rlsys.kernels.triton_ops.common import dot_precision
-from rlsys.kernels.triton_ops.indexer import Selection, select_blocks, union_steps
+from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps
 from rlsys.kernels.triton_ops.qkv_post import IndexOut
 from rlsys.model.attention import AttentionProjections
+from rlsys.model.indexer_kl import indexer_kl
 from rlsys.model.kv_layout import PackedLayout, PagedLayout, TritonKV
 from rlsys.model.rope import inv_freq
-
-KL_ROWS = 512  # fewest query rows per checkpointed chunk of the indexer KL
-# scores per chunk (rows x groups x blocks, fp32): chunks widen to this many so that short
-# sequences take a few large chunks (each chunk is ~70 small ops forward and backward)
-KL_SCORES = 2**25
-
 
 # ---- the two attention kinds ----------------------------------------------------------------
 
@@ -164,7 +158,7 @@ def sparse_attention(
     if not want_kl:
         return out, None
     mass = selected_block_mass(q.detach(), k.detach(), lse, kv.tiles, table, shape, ksel)
-    return out, indexer_kl(qi, bk_pool, sel, mass, kv.packed)
+    return out, indexer_kl(qi, bk_pool, sel, mass, kv.packed, block=b, dtype=q.dtype)
 
 
 def _packed_block_keys(ki: Tensor, layout: PackedLayout, b: int) -> Tensor:
@@ -176,42 +170,3 @@ def _packed_block_keys(ki: Tensor, layout: PackedLayout, b: int) -> Tensor:
             kernels.sequential_sum(full, dim=1) / b if count else ki.new_zeros(1, ki.shape[-1])
         )
     return torch.cat(parts)
-
-
-def indexer_kl(
-    qi: Tensor, bk: Tensor, sel: Selection, mass: Tensor, layout: PackedLayout
-) -> Tensor:
-    """Sum over sequences of the mean KL(main mass on selected blocks || index softmax over
-    them), as the reference (`SparseGQA._indexer_loss`) computes it per sequence."""
-    sizes = [max(c, 1) for c in layout.block_counts]
-    starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
-    total = qi.new_zeros(())
-    for (row, n), start, size in zip(layout.rows, starts.tolist(), sizes, strict=True):
-        kl_sum, count = qi.new_zeros(()), qi.new_zeros(())
-        bk_seq = bk[start : start + size]  # this sequence's block keys
-        rows = max(KL_ROWS, KL_SCORES // (qi.shape[1] * size))
-        for r0 in range(row, row + n, rows):
-            r1 = min(r0 + rows, row + n)
-            s, c = checkpoint(
-                _kl_chunk, qi[r0:r1], bk_seq, sel.ids[r0:r1], mass[r0:r1], use_reentrant=False
-            )
-            kl_sum, count = kl_sum + s, count + c
-        total = total + torch.where(count > 0, kl_sum / count.clamp_min(1), 0.0)
-    return total
-
-
-def _kl_chunk(qi: Tensor, bk_seq: Tensor, ids: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
-    keep = ids >= 0
-    # Score every block, then pick the selected ones: gathering the keys instead
-    # (r, Hkv, KSEL, IDX) makes a backward that accumulates thousands of duplicate rows
-    # into each block key, which CUDA's index_put runs serially (97% of a GPU train step).
-    scores = torch.einsum("rgd,nd->rgn", qi, bk_seq)  # (r, Hkv, blocks)
-    logits = scores.gather(-1, ids.long().clamp_min(0)).masked_fill(~keep, float("-inf"))
-    target = mass.masked_fill(~keep, 0.0)
-    total = target.sum(-1, keepdim=True)
-    usable = (keep.sum(-1) > 1) & (total.squeeze(-1) > 0)
-    target = target / total.clamp_min(1e-30)
-    log_pred = torch.log_softmax(logits, dim=-1).masked_fill(~keep, 0.0)
-    kl = (target * (torch.log(target.clamp_min(1e-30)) - log_pred)).sum(-1)
-    # where, not kl[usable]: boolean indexing reads the count back to the host (a sync)
-    return torch.where(usable, kl, 0.0).sum(), usable.sum().to(kl.dtype)

@@ -1,0 +1,211 @@
+"""The attention kernels' geometry and launch options, swept at the `large` layer shape.
+
+Usage (GPU machine, repository root):
+    python benchmarks/sweep_attention_launch.py [--length 32768] [--tiles 16,32]
+    python benchmarks/sweep_attention_launch.py --smoke     # tiny shapes (interpreter)
+
+For each query tile T (slots per program; the model's is `KernelGeometry.query_tile`) it
+times, on one sequence (16 query heads, 4 KV groups, head dim 128, bf16; Sparse GQA B=8,
+k=4096 over the clustered selection of `bench_attention.py`; SWA window 512):
+- the forward (Sparse GQA and SWA prefill, and a Sparse GQA / SWA decode step of `batch`
+  sequences at `context`) under each (warps, stages) of the forward;
+- the backward (dq with dK/dV at their defaults and the other way round) under each
+  (warps, stages) of the kernel being swept;
+- the indexer KL's block mass under each (warps, stages).
+The forward's options are shared by engine and trainer (its bits follow the program's
+layout), so a change there is a change of the model's numerics for both; the backward's
+and the block mass's options change no value. Prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_attention import index_inputs, timed  # noqa: E402
+from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
+from rlsys.kernels.triton_ops import attention_bwd, attention_fwd  # noqa: E402
+from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
+
+H, HKV, D, B, W = 16, 4, 128, 8, 512
+PAGE, SPARSE_STEP, SWA_STEP = 64, 16, 32
+
+
+def configs(warps: str, stages: str) -> list[dict[str, int]]:
+    return [
+        {"num_warps": int(w), "num_stages": int(s)}
+        for w, s in itertools.product(warps.split(","), stages.split(","))
+    ]
+
+
+def row(
+    t: int, kernel: str, cfg: dict[str, int], sparse_ms: float, swa_ms: float, note: str
+) -> None:
+    print(
+        f"| {t} | {kernel} | {cfg['num_warps']} | {cfg['num_stages']} | {sparse_ms:.2f} "
+        f"| {swa_ms:.2f} | {note} |",
+        flush=True,
+    )
+
+
+def sweep_tile(t: int, args: argparse.Namespace, dev: str) -> None:
+    length, ksel = args.length, args.topk // B
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dev, torch.bfloat16)
+
+    q, k, v = randn(length, H, D), randn(length, HKV, D), randn(length, HKV, D)
+    qi, bk = index_inputs(length, dev, random_sel=False)
+    kv = contiguous_table([length], PAGE, dev)
+    bkt = PagedKV(kv.block_table // B, PAGE // B)
+    tiles = plan_tiles([Span(0, 0, length, 0)], t, dev)
+    sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B, precision="tf32")
+    off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    union = float((off[1:] - off[:-1]).float().mean()) * SPARSE_STEP / args.topk
+    scale = 1 / math.sqrt(D)
+    sparse = {"scale": scale, "step": SPARSE_STEP, "sparse": (off, ids, sel.bits), "block": B}
+    swa = {"scale": scale, "step": SWA_STEP, "window": W}
+    dec = decode_inputs(t, args, dev)
+    base_out: dict[str, torch.Tensor] = {}
+    for cfg in configs(args.warps, args.fwd_stages):
+        attention_fwd.FORWARD_LAUNCH = cfg
+        try:
+            out_sp, lse_sp = attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse)
+            same = (
+                "base"
+                if "sp" not in base_out
+                else ("same bits" if torch.equal(out_sp, base_out["sp"]) else "other bits")
+            )
+            base_out.setdefault("sp", out_sp)
+            sp_ms = timed(
+                lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse), args.reps
+            )
+            sw_ms = timed(
+                lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **swa), args.reps
+            )
+            row(t, "forward prefill", cfg, sp_ms, sw_ms, f"union/k {union:.2f}; {same}")
+            dsp = timed(dec["sparse"], args.reps)
+            dsw = timed(dec["swa"], args.reps)
+            row(t, f"forward decode {args.batch}x{args.context}", cfg, dsp, dsw, "")
+        except Exception as exc:  # a configuration out of resources must not hide the rest
+            row(t, "forward", cfg, float("nan"), float("nan"), type(exc).__name__)
+    attention_fwd.FORWARD_LAUNCH = {"num_warps": 4, "num_stages": 3}
+    out_sp, lse_sp = attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse)
+    out_sw, lse_sw = attention_fwd.attention_forward(q, k, v, tiles, kv, **swa)
+    do = randn(length, H, D)
+    default = {"num_warps": 4, "num_stages": 3}
+    for name in ("DQ_LAUNCH", "DKV_LAUNCH"):
+        for cfg in configs(args.warps, args.stages):
+            setattr(attention_bwd, name, cfg)
+            try:
+                sp_ms = timed(
+                    lambda: attention_bwd.attention_backward(
+                        do, q, k, v, out_sp, lse_sp, tiles, kv, [length], **sparse
+                    ),
+                    args.reps,
+                )
+                sw_ms = timed(
+                    lambda: attention_bwd.attention_backward(
+                        do, q, k, v, out_sw, lse_sw, tiles, kv, [length], **swa
+                    ),
+                    args.reps,
+                )
+                row(t, f"backward ({name[:-7].lower()} swept)", cfg, sp_ms, sw_ms, "")
+            except Exception as exc:
+                row(
+                    t,
+                    f"backward ({name[:-7].lower()} swept)",
+                    cfg,
+                    float("nan"),
+                    float("nan"),
+                    type(exc).__name__,
+                )
+        setattr(attention_bwd, name, default)
+    for cfg in configs(args.mass_warps, args.stages):
+        attention_bwd.MASS_LAUNCH = cfg
+        try:
+            ms = timed(
+                lambda: attention_bwd.block_mass(
+                    q,
+                    k,
+                    lse_sp,
+                    tiles,
+                    kv,
+                    sparse["sparse"],
+                    ksel,
+                    scale=scale,
+                    step=SPARSE_STEP,
+                    block=B,
+                ),
+                args.reps,
+            )
+            row(t, "block mass", cfg, ms, float("nan"), "")
+        except Exception as exc:
+            row(t, "block mass", cfg, float("nan"), float("nan"), type(exc).__name__)
+    attention_bwd.MASS_LAUNCH = {"num_warps": 2, "num_stages": 3}
+
+
+def decode_inputs(t: int, args: argparse.Namespace, dev: str) -> dict:
+    """One decode step's attention (Sparse GQA with its selection, and SWA) as closures."""
+    batch, ctx, ksel = args.batch, args.context, args.topk // B
+    pages = ctx // PAGE
+    k = torch.randn(batch * ctx, HKV, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    perm = torch.randperm(batch * pages, device=dev).view(batch, pages).to(torch.int32)
+    kv = PagedKV(perm * PAGE, PAGE)
+    bkt = PagedKV(perm * (PAGE // B), PAGE // B)
+    bk = torch.randn(batch * ctx // B, 64, device=dev)
+    qi = torch.randn(batch, HKV, 64, device=dev)
+    q = torch.randn(batch, H, D, device=dev, dtype=torch.bfloat16)
+    tiles = plan_tiles([Span(s, s, 1, ctx - 1) for s in range(batch)], t, dev)
+    sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B, precision="tf32")
+    off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    scale = 1 / math.sqrt(D)
+    return {
+        "sparse": lambda: attention_fwd.attention_forward(
+            q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(off, ids, sel.bits), block=B
+        ),
+        "swa": lambda: attention_fwd.attention_forward(
+            q, k, v, tiles, kv, scale=scale, step=SWA_STEP, window=W
+        ),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--length", type=int, default=32768)
+    p.add_argument("--tiles", default="16,32")
+    p.add_argument("--warps", default="4,8")
+    p.add_argument("--mass-warps", default="2,4")
+    p.add_argument("--fwd-stages", default="2,3")
+    p.add_argument("--stages", default="3", help="stages of the backward and block mass")
+    p.add_argument("--topk", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=64, help="decode batch")
+    p.add_argument("--context", type=int, default=32768, help="decode context")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    args = p.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.length, args.topk, args.batch, args.context, args.reps = 256, 64, 2, 256, 1
+        args.warps, args.fwd_stages, args.stages, args.mass_warps = "4", "3", "3", "2"
+    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    print(f"device: {name}; torch {torch.__version__}; one sequence of {args.length} tokens")
+    print("\n| T | kernel | warps | stages | Sparse GQA ms | SWA ms | note |")
+    print("|---:|---|---:|---:|---:|---:|---|")
+    for t in (int(x) for x in args.tiles.split(",")):
+        sweep_tile(t, args, dev)
+
+
+if __name__ == "__main__":
+    main()
