@@ -24,7 +24,10 @@ import itertools
 import math
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -44,6 +47,17 @@ def configs(warps: str, stages: str) -> list[dict[str, int]]:
         {"num_warps": int(w), "num_stages": int(s)}
         for w, s in itertools.product(warps.split(","), stages.split(","))
     ]
+
+
+@contextmanager
+def launching(module: ModuleType, name: str, cfg: dict[str, int]) -> Iterator[None]:
+    """The module's launch constant `name` set to `cfg` inside; its own value restored after."""
+    own = getattr(module, name)
+    setattr(module, name, cfg)
+    try:
+        yield
+    finally:
+        setattr(module, name, own)
 
 
 def row(
@@ -75,83 +89,55 @@ def sweep_tile(t: int, args: argparse.Namespace, dev: str) -> None:
     sparse = {"scale": scale, "step": SPARSE_STEP, "sparse": (off, ids, sel.bits), "block": B}
     swa = {"scale": scale, "step": SWA_STEP, "window": W}
     dec = decode_inputs(t, args, dev)
-    base_out: dict[str, torch.Tensor] = {}
+    first_out: torch.Tensor | None = None
     for cfg in configs(args.warps, args.fwd_stages):
-        attention_fwd.FORWARD_LAUNCH = cfg
         try:
-            out_sp, lse_sp = attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse)
-            same = (
-                "base"
-                if "sp" not in base_out
-                else ("same bits" if torch.equal(out_sp, base_out["sp"]) else "other bits")
-            )
-            base_out.setdefault("sp", out_sp)
-            sp_ms = timed(
-                lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse), args.reps
-            )
-            sw_ms = timed(
-                lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **swa), args.reps
-            )
-            row(t, "forward prefill", cfg, sp_ms, sw_ms, f"union/k {union:.2f}; {same}")
-            dsp = timed(dec["sparse"], args.reps)
-            dsw = timed(dec["swa"], args.reps)
-            row(t, f"forward decode {args.batch}x{args.context}", cfg, dsp, dsw, "")
+            with launching(attention_fwd, "FORWARD_LAUNCH", cfg):
+                out_sp, _ = attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse)
+                if first_out is None:
+                    first_out, bits = out_sp, "base"
+                else:
+                    bits = "same bits" if torch.equal(out_sp, first_out) else "other bits"
+                sp_ms = timed(
+                    lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse), args.reps
+                )
+                sw_ms = timed(
+                    lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **swa), args.reps
+                )
+                row(t, "forward prefill", cfg, sp_ms, sw_ms, f"union/k {union:.2f}; {bits}")
+                dsp = timed(dec["sparse"], args.reps)
+                dsw = timed(dec["swa"], args.reps)
+                row(t, f"forward decode {args.batch}x{args.context}", cfg, dsp, dsw, "")
         except Exception as exc:  # a configuration out of resources must not hide the rest
             row(t, "forward", cfg, float("nan"), float("nan"), type(exc).__name__)
-    attention_fwd.FORWARD_LAUNCH = {"num_warps": 4, "num_stages": 3}
     out_sp, lse_sp = attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse)
     out_sw, lse_sw = attention_fwd.attention_forward(q, k, v, tiles, kv, **swa)
     do = randn(length, H, D)
-    default = {"num_warps": 4, "num_stages": 3}
-    for name in ("DQ_LAUNCH", "DKV_LAUNCH"):
-        for cfg in configs(args.warps, args.stages):
-            setattr(attention_bwd, name, cfg)
+
+    def backward(out: torch.Tensor, lse: torch.Tensor, shape: dict) -> object:
+        return attention_bwd.attention_backward(do, q, k, v, out, lse, tiles, kv, [length], **shape)
+
+    def mass() -> object:
+        return attention_bwd.block_mass(
+            q, k, lse_sp, tiles, kv, sparse["sparse"], ksel, scale=scale, step=SPARSE_STEP, block=B
+        )
+
+    sweeps = [
+        ("backward (dq swept)", "DQ_LAUNCH", args.warps, lambda: backward(out_sp, lse_sp, sparse),
+         lambda: backward(out_sw, lse_sw, swa)),
+        ("backward (dkv swept)", "DKV_LAUNCH", args.warps, lambda: backward(out_sp, lse_sp, sparse),
+         lambda: backward(out_sw, lse_sw, swa)),
+        ("block mass", "MASS_LAUNCH", args.mass_warps, mass, None),
+    ]  # fmt: skip
+    for kernel, name, warps, sparse_call, swa_call in sweeps:
+        for cfg in configs(warps, args.stages):
             try:
-                sp_ms = timed(
-                    lambda: attention_bwd.attention_backward(
-                        do, q, k, v, out_sp, lse_sp, tiles, kv, [length], **sparse
-                    ),
-                    args.reps,
-                )
-                sw_ms = timed(
-                    lambda: attention_bwd.attention_backward(
-                        do, q, k, v, out_sw, lse_sw, tiles, kv, [length], **swa
-                    ),
-                    args.reps,
-                )
-                row(t, f"backward ({name[:-7].lower()} swept)", cfg, sp_ms, sw_ms, "")
-            except Exception as exc:
-                row(
-                    t,
-                    f"backward ({name[:-7].lower()} swept)",
-                    cfg,
-                    float("nan"),
-                    float("nan"),
-                    type(exc).__name__,
-                )
-        setattr(attention_bwd, name, default)
-    for cfg in configs(args.mass_warps, args.stages):
-        attention_bwd.MASS_LAUNCH = cfg
-        try:
-            ms = timed(
-                lambda: attention_bwd.block_mass(
-                    q,
-                    k,
-                    lse_sp,
-                    tiles,
-                    kv,
-                    sparse["sparse"],
-                    ksel,
-                    scale=scale,
-                    step=SPARSE_STEP,
-                    block=B,
-                ),
-                args.reps,
-            )
-            row(t, "block mass", cfg, ms, float("nan"), "")
-        except Exception as exc:
-            row(t, "block mass", cfg, float("nan"), float("nan"), type(exc).__name__)
-    attention_bwd.MASS_LAUNCH = {"num_warps": 2, "num_stages": 3}
+                with launching(attention_bwd, name, cfg):
+                    sp_ms = timed(sparse_call, args.reps)
+                    sw_ms = timed(swa_call, args.reps) if swa_call else float("nan")
+                row(t, kernel, cfg, sp_ms, sw_ms, "")
+            except Exception as exc:  # out of resources: the other rows still print
+                row(t, kernel, cfg, float("nan"), float("nan"), type(exc).__name__)
 
 
 def decode_inputs(t: int, args: argparse.Namespace, dev: str) -> dict:
