@@ -39,6 +39,7 @@ ORDER = [
     "trainer_step_ops",
     "gpu_trainer_kl",
     "gpu_attention_launch",
+    "gpu_decode_split",
     "job_ends",
     "ci_time",
 ]

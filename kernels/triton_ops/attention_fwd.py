@@ -19,6 +19,13 @@ Batch invariance (docs/ARCHITECTURE.md, "Numerics"), why it holds:
 So a token's output is the same in a decode step of any batch, in a chunked prefill and in
 the trainer's packed forward. m starts at -1e30 (finite), so the first visible step
 rescales the empty state by exp2(-1e30 - m) = 0 without producing a NaN.
+
+Softmax chunks: the online softmax restarts at every `chunk` aligned key positions
+(`SOFTMAX_CHUNK`, at least one step) and merges the chunk's state into the row's running
+state (`merge_state`, chunks ascending). A chunk a row sees nothing of merges as the
+identity, bitwise, so the split walk (`attention_split`: one program per chunk, then a
+merge in chunk order) gives the same bits as this single walk; a decode call, whose tiles
+hold one row each, walks its chunks in parallel that way.
 Outputs: O (N, H, D) in q's dtype, LSE (N, H) fp32 in base 2 (for the backward).
 """
 
@@ -44,6 +51,18 @@ NEG_INIT = tl.constexpr(-1.0e30)
 # Launch options of the forward. Engine and trainer launch it alike (a program's reductions
 # follow its layout, which the warp count sets), so they are constants, not per call.
 FORWARD_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
+
+# Key positions per softmax chunk (see module doc). Part of the numerics (engine and
+# trainer must merge at the same positions), so a constant: 256 gives a decode step at 4K
+# context 16 parallel chunks per KV group and adds one merge per 8-16 steps to a prefill.
+SOFTMAX_CHUNK = 256
+
+
+def softmax_chunk(step: int, chunk: int = SOFTMAX_CHUNK) -> int:
+    """Key positions per softmax chunk for a walk of `step`-key steps (a multiple of it)."""
+    if chunk % step and step % chunk:
+        raise ValueError(f"softmax chunk {chunk} and key step {step} must divide one another")
+    return max(chunk, step)
 
 
 @triton.jit
@@ -191,45 +210,46 @@ def visible_step(
 
 
 @triton.jit
-def _attn_fwd(
-    Q, K, V, Out, LSE,
-    q_stride_n, q_stride_h, k_stride_r, k_stride_g, o_stride_n, o_stride_h,
-    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
-    block_table, bt_stride,
-    step_off, step_ids,
-    sel_bits, sb_stride_n, sb_stride_g,
-    qk_scale, window,
-    GATE, gate_stride_n,
-    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
-    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_GATE: tl.constexpr,
+def fresh_state(M: tl.constexpr, DP: tl.constexpr):
+    """(m, denom, acc) of a row that has seen nothing."""
+    return (
+        tl.full([M], NEG_INIT, tl.float32),
+        tl.zeros([M], tl.float32),
+        tl.zeros([M, DP], tl.float32),
+    )
+
+
+@triton.jit
+def fold_step(m, denom, acc, vis, v, s, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One step of the online softmax: scores s (M, STEP), visible where `vis`."""
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    denom = denom * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PRECISION, UPCAST)
+    return m_new, denom, acc
+
+
+@triton.jit
+def merge_state(m, denom, acc, mc, lc, accc):
+    """A chunk's state merged into the running one. Explicit FMAs, so the fused walk and
+    the split merge (registers here, memory there) round alike; an empty chunk (-1e30, 0,
+    0) leaves the running state bitwise unchanged, as does merging into an empty one."""
+    m_new = tl.maximum(m, mc)
+    a = tl.exp2(m - m_new)
+    b = tl.exp2(mc - m_new)
+    denom = tl.fma(denom, a, lc * b)
+    acc = tl.fma(acc, a[:, None], accc * b[:, None])
+    return m_new, denom, acc
+
+
+@triton.jit
+def finish_rows(
+    m, denom, acc, Out, LSE, GATE, gate_stride_n, qrow, head, present, d, o_stride_n,
+    o_stride_h, n_heads, D: tl.constexpr, HAS_GATE: tl.constexpr,
 ):  # fmt: skip
-    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
-        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
-    )
-    q = tl.load(
-        Q + qrow[:, None] * q_stride_n + head[:, None] * q_stride_h + d[None, :],
-        mask=present[:, None] & (d < D)[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
-    m = tl.full([T * G], NEG_INIT, tl.float32)
-    denom = tl.zeros([T * G], tl.float32)
-    acc = tl.zeros([T * G, DP], tl.float32)
-    for i in range(first, last):
-        vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
-            sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
-            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PRECISION, UPCAST)
-        m = m_new
+    """Normalise, gate and store the rows' outputs and their LSE (base 2)."""
     seen = denom > 0
     out = (acc / tl.where(seen, denom, 1.0)[:, None]).to(Out.dtype.element_ty)
     if HAS_GATE:
@@ -243,7 +263,63 @@ def _attn_fwd(
         mask=present[:, None] & (d < D)[None, :],
     )
     lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), float("-inf"))
-    tl.store(LSE + qrow * (G * tl.num_programs(1)) + head, lse, mask=present)
+    tl.store(LSE + qrow * n_heads + head, lse, mask=present)
+
+
+@triton.jit
+def load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D: tl.constexpr,
+                 UPCAST: tl.constexpr):  # fmt: skip
+    q = tl.load(
+        Q + qrow[:, None] * q_stride_n + head[:, None] * q_stride_h + d[None, :],
+        mask=present[:, None] & (d < D)[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, LSE,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g, o_stride_n, o_stride_h,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    block_table, bt_stride,
+    step_off, step_ids,
+    sel_bits, sb_stride_n, sb_stride_g,
+    qk_scale, window,
+    GATE, gate_stride_n,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_GATE: tl.constexpr, SPC: tl.constexpr,
+):  # fmt: skip
+    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
+        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
+    )
+    q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
+    m, denom, acc = fresh_state(T * G, DP)
+    mc, lc, accc = fresh_state(T * G, DP)
+    chunk = first * 0 - 1  # the chunk (SPC steps) whose state mc, lc, accc hold
+    for i in range(first, last):
+        if SPARSE:
+            c = tl.load(step_ids + i)
+        else:
+            c = i
+        if c // SPC != chunk:  # a new chunk: merge the last one, restart
+            m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
+            mc, lc, accc = fresh_state(T * G, DP)
+            chunk = c // SPC
+        vis, k, v, s = visible_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+            sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+        mc, lc, accc = fold_step(mc, lc, accc, vis, v, s, PRECISION, UPCAST)
+    m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
+    finish_rows(
+        m, denom, acc, Out, LSE, GATE, gate_stride_n, qrow, head, present, d, o_stride_n,
+        o_stride_h, G * tl.num_programs(1), D, HAS_GATE,
+    )  # fmt: skip
 
 
 _NO_SELECTION: dict[torch.device, tuple[Tensor, Tensor, Tensor]] = {}
@@ -273,24 +349,39 @@ def attention_forward(
     sparse: tuple[Tensor, Tensor, Tensor] | None = None,
     block: int = 1,
     gate: Tensor | None = None,
+    chunk: int = SOFTMAX_CHUNK,
+    split: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """q (N, H, D), pools (R, Hkv, D) -> out (N, H, D) in q's dtype, lse (N, H) fp32 base 2.
 
     `sparse` = (step_off (n_tiles * Hkv + 1,), step_ids, sel_bits (N, Hkv, NW)) selects
     Sparse GQA; otherwise SWA with `window`. `gate` (N, H) in q's dtype: the output is
     `out * gate[..., None]` (the attention output gate, fused; inference only: the
-    backward reads the ungated output).
+    backward reads the ungated output). `chunk`: key positions per softmax chunk (module
+    doc). `split`: walk the chunks in parallel and merge them after (bitwise the same);
+    None decides by the call's shape (`splits_chunks`).
     """
     check_device(q, k_pool, v_pool)
     n, h, d = q.shape
     hkv = k_pool.shape[1]
     g = h // hkv
     assert tiles.T * g >= 16 and step >= 16 and kv.page_size % step == 0
+    chunk = softmax_chunk(step, chunk)
     out = torch.empty_like(q)
     lse = torch.empty(n, h, dtype=torch.float32, device=q.device)
     if n == 0:
         return out, lse
     step_off, step_ids, bits = sparse if sparse is not None else no_selection(q.device)
+    n_chunks = walk_chunks(tiles, step, window, sparse is not None, chunk)
+    if split if split is not None else splits_chunks(tiles, hkv, chunk, n_chunks):
+        from rlsys.kernels.triton_ops.attention_split import split_attention_forward
+
+        split_attention_forward(
+            q, k_pool, v_pool, out, lse, tiles, kv, scale=scale, step=step, window=window,
+            sparse=sparse is not None, csr=(step_off, step_ids, bits), block=block, gate=gate,
+            chunk=chunk, n_chunks=n_chunks,
+        )  # fmt: skip
+        return out, lse
     _attn_fwd[(tiles.n_tiles, hkv)](
         q, k_pool, v_pool, out, lse,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1),
@@ -302,6 +393,34 @@ def attention_forward(
         gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
         G=g, T=tiles.T, D=d, DP=next_pow2(d), STEP=step, PAGE=kv.page_size, BLK=block,
         SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        HAS_GATE=gate is not None, **FORWARD_LAUNCH,
+        HAS_GATE=gate is not None, SPC=chunk // step, **FORWARD_LAUNCH,
     )  # fmt: skip
     return out, lse
+
+
+# The split walk's bounds. Fewer (tile, group) programs than SPLIT_BELOW_PROGRAMS leave the
+# GPU's memory system idle: `large` at 4K context, batch 1, 3.9 -> 0.85 ms of attention per
+# decode step on the H200; batch 64 (256 programs) was even (4.6 -> 4.5 ms). Past
+# SPLIT_MAX_CHUNK_PROGRAMS, empty chunks and the merge's serial loop cost more than the
+# parallel walk wins: batch 64 at 128K (512 chunks, all split) went 1.0 -> 4.1 ms.
+SPLIT_BELOW_PROGRAMS = 512
+SPLIT_MAX_CHUNK_PROGRAMS = 16384
+
+
+def walk_chunks(tiles: QueryTiles, step: int, window: int, sparse: bool, chunk: int) -> int:
+    """Chunks a split call walks per (tile, group): every chunk up to the largest query
+    position (Sparse GQA), or as many as one tile's window walk can straddle (SWA)."""
+    if sparse:
+        return tiles.max_pos // chunk + 1
+    # the walk spans window + T - 1 positions, widened to whole steps at its first end
+    return (window + tiles.T - 1 + step) // chunk + 2
+
+
+def splits_chunks(tiles: QueryTiles, hkv: int, chunk: int, n_chunks: int) -> bool:
+    """Walk the chunks in parallel when the tiles are decode-like (a quarter full at most,
+    known on the host), reach past one chunk and launch few programs (the bounds)."""
+    rows = tiles.host_rows
+    if not rows or max(rows) * 4 > tiles.T or tiles.max_pos < chunk:
+        return False
+    programs = tiles.n_tiles * hkv
+    return programs < SPLIT_BELOW_PROGRAMS and programs * n_chunks <= SPLIT_MAX_CHUNK_PROGRAMS

@@ -1,0 +1,161 @@
+"""The forward attention walked chunk by chunk in parallel, then merged (split-KV decode).
+
+A decode step has one query row per tile: one program per (tile, KV group) walks the
+row's whole context alone (4,096 keys per Sparse GQA layer at 4K context, in 256 steps),
+so a batch of one keeps a handful of SMs busy. Here:
+- `_attn_fwd_part`, one program per (tile, KV group, softmax chunk), walks only the steps
+  of its chunk, from the empty state, exactly as `attention_fwd._attn_fwd` walks them
+  (`fold_step`), and stores the chunk's (m, denom, acc) in fp32 for the present rows;
+- `_attn_merge`, one program per (tile, KV group), merges the chunks in ascending order
+  (`merge_state`) and finishes the rows (`finish_rows`).
+Invariant: the output and LSE are bitwise `_attn_fwd`'s. That kernel restarts its softmax
+at the same chunk boundaries and merges with the same function; chunks it never visits
+(no step of its walk falls there) are empty here, and an empty chunk merges as the
+identity, bitwise (`merge_state`). Chunks are absolute: SOFTMAX_CHUNK aligned positions.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.triton_ops.attention_fwd import (
+    FORWARD_LAUNCH,
+    LOG2E,
+    NEG_INIT,
+    finish_rows,
+    fold_step,
+    fresh_state,
+    load_queries,
+    merge_state,
+    query_tile,
+    tile_rows,
+    visible_step,
+)
+from rlsys.kernels.triton_ops.common import dot_precision, interpreting, next_pow2
+
+# step ids counted per vector load when a program looks for its chunk in a CSR list
+SCAN = 128
+
+
+@triton.jit
+def chunk_slots(step_ids, first, last, lo_step, hi_step, SCAN: tl.constexpr):
+    """[a, b): the slots of an ascending CSR list [first, last) whose steps lie in
+    [lo_step, hi_step), by counting (independent vector loads, no dependent search)."""
+    below_lo = 0
+    below_hi = 0
+    for s in range(first, last, SCAN):
+        o = s + tl.arange(0, SCAN)
+        c = tl.load(step_ids + o, mask=o < last, other=hi_step)
+        below_lo += tl.sum((c < lo_step).to(tl.int32), axis=0)
+        below_hi += tl.sum((c < hi_step).to(tl.int32), axis=0)
+    return first + below_lo, first + below_hi
+
+
+@triton.jit
+def _attn_fwd_part(
+    Q, K, V, PM, PL, PACC,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g, p_stride_n, p_stride_h,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    block_table, bt_stride,
+    step_off, step_ids,
+    sel_bits, sb_stride_n, sb_stride_g,
+    qk_scale, window,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    SPC: tl.constexpr, SCAN: tl.constexpr,
+):  # fmt: skip
+    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
+        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
+    )
+    j = tl.program_id(2)
+    if SPARSE:
+        # chunks are absolute: chunk j holds steps [j * SPC, (j + 1) * SPC)
+        a, b = chunk_slots(step_ids, first, last, j * SPC, (j + 1) * SPC, SCAN)
+    else:
+        # SWA walks consecutive steps: chunk j is the j-th from the one its first step is in
+        c0 = (first // SPC + j) * SPC
+        a = tl.maximum(first, c0)
+        b = tl.minimum(last, c0 + SPC)
+    q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
+    m, denom, acc = fresh_state(T * G, DP)
+    for i in range(a, b):
+        vis, k, v, s = visible_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+            sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+        m, denom, acc = fold_step(m, denom, acc, vis, v, s, PRECISION, UPCAST)
+    at = qrow * p_stride_n + head * p_stride_h + j
+    tl.store(PM + at, m, mask=present)
+    tl.store(PL + at, denom, mask=present)
+    # a chunk with no step leaves acc unwritten: every row's denom is 0 there, and the
+    # merge reads acc only where some row's denom is not
+    if a < b:
+        tl.store(PACC + at[:, None] * DP + d[None, :], acc, mask=present[:, None])
+
+
+@triton.jit
+def _attn_merge(
+    PM, PL, PACC, Out, LSE, p_stride_n, p_stride_h, o_stride_n, o_stride_h,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, n_chunks,
+    GATE, gate_stride_n,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    _, _, _, r, _, present, qrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+    )
+    head = g * G + r % G
+    d = tl.arange(0, DP)
+    m, denom, acc = fresh_state(T * G, DP)
+    for j in range(0, n_chunks):
+        at = qrow * p_stride_n + head * p_stride_h + j
+        lc = tl.load(PL + at, mask=present, other=0.0)
+        if tl.max(lc, axis=0) > 0:  # else an empty chunk for every row: the identity
+            mc = tl.load(PM + at, mask=present, other=NEG_INIT)
+            accc = tl.load(PACC + at[:, None] * DP + d[None, :], mask=present[:, None], other=0.0)
+            m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
+    finish_rows(
+        m, denom, acc, Out, LSE, GATE, gate_stride_n, qrow, head, present, d, o_stride_n,
+        o_stride_h, G * tl.num_programs(1), D, HAS_GATE,
+    )  # fmt: skip
+
+
+def split_attention_forward(
+    q: Tensor, k_pool: Tensor, v_pool: Tensor, out: Tensor, lse: Tensor, tiles: QueryTiles,
+    kv: PagedKV, *, scale: float, step: int, window: int, sparse: bool,
+    csr: tuple[Tensor, Tensor, Tensor], block: int, gate: Tensor | None, chunk: int,
+    n_chunks: int,
+) -> None:  # fmt: skip
+    """`attention_forward` into `out` and `lse`, chunks in parallel (see module doc)."""
+    n, h, d = q.shape
+    hkv = k_pool.shape[1]
+    g, dp = h // hkv, next_pow2(d)
+    pm = torch.empty(n, h, n_chunks, dtype=torch.float32, device=q.device)
+    pl = torch.empty_like(pm)
+    pacc = torch.empty(n, h, n_chunks, dp, dtype=torch.float32, device=q.device)
+    step_off, step_ids, bits = csr
+    common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **FORWARD_LAUNCH}
+    _attn_fwd_part[(tiles.n_tiles, hkv, n_chunks)](
+        q, k_pool, v_pool, pm, pl, pacc,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
+        tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row,
+        kv.block_table, kv.block_table.stride(0),
+        step_off, step_ids,
+        bits, bits.stride(0), bits.stride(1),
+        scale * LOG2E, window,
+        STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
+        PRECISION=dot_precision(q.dtype), SPC=chunk // step, SCAN=SCAN, **common,
+    )  # fmt: skip
+    _attn_merge[(tiles.n_tiles, hkv)](
+        pm, pl, pacc, out, lse, pm.stride(0), pm.stride(1), out.stride(0), out.stride(1),
+        tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row, n_chunks,
+        gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
+        HAS_GATE=gate is not None, **common,
+    )  # fmt: skip
