@@ -3,6 +3,7 @@
 Usage (GPU machine, repository root):
     python benchmarks/bench_attention.py [--lengths 32768,131072] [--reps 5]
     python benchmarks/bench_attention.py --smoke     # tiny shapes, any machine (interpreter)
+    python benchmarks/bench_attention.py --chunk 1024 --split on   # softmax chunk, split walk
 
 Shape: 16 query heads, 4 KV groups, head dim 128, bf16; Sparse GQA B=8, k=4096 (512
 blocks per query and group), index dim 64 (fp32); SWA window 512.
@@ -32,8 +33,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--smoke" in sys.argv:  # before triton loads: it picks its driver on import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
+from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
 from rlsys.kernels.triton_ops.attention import AttentionShape, packed_attention  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import attention_forward  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
@@ -297,12 +301,24 @@ def main() -> None:
     parser.add_argument("--sparse-step", type=int, default=SPARSE_STEP, help="keys per step")
     parser.add_argument("--query-tile", type=int, default=T, help="query slots per tile")
     parser.add_argument("--skip", default="", help="comma list: prefill,anchors,decode,swa,linear")
+    parser.add_argument(
+        "--chunk", type=int, default=attention_fwd.SOFTMAX_CHUNK,
+        help="key positions per softmax chunk (changes the numerics: engine and trainer alike)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--split", default="auto", choices=["auto", "on", "off"],
+        help="decode rows: walk the chunks in parallel (on), in one walk (off), or as the "
+        "bounds in attention_fwd pick (auto)",
+    )  # fmt: skip
     args = parser.parse_args()
+    attention_fwd.SOFTMAX_CHUNK = args.chunk
+    if args.split != "auto":  # the split bounds opened wide (on) or shut (off)
+        attention_fwd.SPLIT_BELOW_PROGRAMS = 1 << 62 if args.split == "on" else 0
+        attention_fwd.SPLIT_MAX_CHUNK_PROGRAMS = 1 << 62
     T, SPARSE_STEP = args.query_tile, args.sparse_step
     PAGE = max(PAGE, SPARSE_STEP)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
         args.lengths, args.topk, args.decode_batch, args.decode_context, args.reps = (
             "256",
             64,
@@ -316,7 +332,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(
         f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}"
-        f"; sparse step {SPARSE_STEP}, query tile {T}"
+        f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}, split {args.split}"
     )
 
     def prefill() -> None:

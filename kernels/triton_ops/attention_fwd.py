@@ -58,7 +58,7 @@ FORWARD_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 SOFTMAX_CHUNK = 256
 
 
-def softmax_chunk(step: int, chunk: int = SOFTMAX_CHUNK) -> int:
+def softmax_chunk(step: int, chunk: int) -> int:
     """Key positions per softmax chunk for a walk of `step`-key steps (a multiple of it)."""
     if chunk % step and step % chunk:
         raise ValueError(f"softmax chunk {chunk} and key step {step} must divide one another")
@@ -349,7 +349,7 @@ def attention_forward(
     sparse: tuple[Tensor, Tensor, Tensor] | None = None,
     block: int = 1,
     gate: Tensor | None = None,
-    chunk: int = SOFTMAX_CHUNK,
+    chunk: int | None = None,
     split: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """q (N, H, D), pools (R, Hkv, D) -> out (N, H, D) in q's dtype, lse (N, H) fp32 base 2.
@@ -358,7 +358,7 @@ def attention_forward(
     Sparse GQA; otherwise SWA with `window`. `gate` (N, H) in q's dtype: the output is
     `out * gate[..., None]` (the attention output gate, fused; inference only: the
     backward reads the ungated output). `chunk`: key positions per softmax chunk (module
-    doc). `split`: walk the chunks in parallel and merge them after (bitwise the same);
+    doc; None: `SOFTMAX_CHUNK`, read at call time, so a benchmark can sweep it). `split`: walk the chunks in parallel and merge them after (bitwise the same);
     None decides by the call's shape (`splits_chunks`).
     """
     check_device(q, k_pool, v_pool)
@@ -366,7 +366,7 @@ def attention_forward(
     hkv = k_pool.shape[1]
     g = h // hkv
     assert tiles.T * g >= 16 and step >= 16 and kv.page_size % step == 0
-    chunk = softmax_chunk(step, chunk)
+    chunk = softmax_chunk(step, SOFTMAX_CHUNK if chunk is None else chunk)
     out = torch.empty_like(q)
     lse = torch.empty(n, h, dtype=torch.float32, device=q.device)
     if n == 0:
