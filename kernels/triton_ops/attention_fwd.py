@@ -358,8 +358,9 @@ def attention_forward(
     Sparse GQA; otherwise SWA with `window`. `gate` (N, H) in q's dtype: the output is
     `out * gate[..., None]` (the attention output gate, fused; inference only: the
     backward reads the ungated output). `chunk`: key positions per softmax chunk (module
-    doc; None: `SOFTMAX_CHUNK`, read at call time, so a benchmark can sweep it). `split`: walk the chunks in parallel and merge them after (bitwise the same);
-    None decides by the call's shape (`splits_chunks`).
+    doc; None: `SOFTMAX_CHUNK`, read at call time, so a benchmark can sweep it). `split`:
+    walk the chunks in parallel and merge them after (bitwise the same); None decides by
+    the call's shape (`splits_chunks`).
     """
     check_device(q, k_pool, v_pool)
     n, h, d = q.shape
@@ -374,6 +375,7 @@ def attention_forward(
     step_off, step_ids, bits = sparse if sparse is not None else no_selection(q.device)
     n_chunks = walk_chunks(tiles, step, window, sparse is not None, chunk)
     if split if split is not None else splits_chunks(tiles, hkv, chunk, n_chunks):
+        # imported here: attention_split builds its kernels from this module's helpers
         from rlsys.kernels.triton_ops.attention_split import split_attention_forward
 
         split_attention_forward(
