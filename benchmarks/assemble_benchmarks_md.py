@@ -40,6 +40,7 @@ ORDER = [
     "gpu_trainer_kl",
     "gpu_attention_launch",
     "gpu_decode_split",
+    "gpu_walk_registers",
     "job_ends",
     "ci_time",
 ]

@@ -3,7 +3,7 @@
 Usage (GPU machine, repository root):
     python benchmarks/bench_attention.py [--lengths 32768,131072] [--reps 5]
     python benchmarks/bench_attention.py --smoke     # tiny shapes, any machine (interpreter)
-    python benchmarks/bench_attention.py --chunk 1024 --split on   # softmax chunk, split walk
+    python benchmarks/bench_attention.py --chunk 1024 --per-octave 8 --split on   # numerics, split
 
 Shape: 16 query heads, 4 KV groups, head dim 128, bf16; Sparse GQA B=8, k=4096 (512
 blocks per query and group), index dim 64 (fp32); SWA window 512.
@@ -306,12 +306,17 @@ def main() -> None:
         help="key positions per softmax chunk (changes the numerics: engine and trainer alike)",
     )  # fmt: skip
     parser.add_argument(
+        "--per-octave", type=int, default=attention_fwd.CHUNKS_PER_OCTAVE,
+        help="softmax chunks per octave of key positions past the flat ones (numerics, too)",
+    )  # fmt: skip
+    parser.add_argument(
         "--split", default="auto", choices=["auto", "on", "off"],
         help="decode rows: walk the chunks in parallel (on), in one walk (off), or as the "
         "bounds in attention_fwd pick (auto)",
     )  # fmt: skip
     args = parser.parse_args()
     attention_fwd.SOFTMAX_CHUNK = args.chunk
+    attention_fwd.CHUNKS_PER_OCTAVE = args.per_octave
     if args.split != "auto":  # the split bounds opened wide (on) or shut (off)
         attention_fwd.SPLIT_BELOW_PROGRAMS = 1 << 62 if args.split == "on" else 0
         attention_fwd.SPLIT_MAX_CHUNK_PROGRAMS = 1 << 62
@@ -332,7 +337,8 @@ def main() -> None:
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(
         f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}"
-        f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}, split {args.split}"
+        f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}"
+        f" ({args.per_octave} per octave), split {args.split}"
     )
 
     def prefill() -> None:

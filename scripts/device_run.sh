@@ -41,7 +41,7 @@ for step in "$@"; do
       timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/kernels/test_fused_kernels.py tests/model/test_fused_inference.py \
         tests/kernels/test_triton_dense.py tests/kernels/test_triton_attention.py \
-        tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
+        tests/kernels/test_attention_split.py tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \
         tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
         tests/kernels/test_reference_cuda.py tests/kernels/test_linear_schedules.py \
         tests/engine/test_decode_graphs.py tests/trainer/test_fsdp_cuda.py \
@@ -78,8 +78,9 @@ for step in "$@"; do
         2>&1 | tee "$OUT/tcount.log" ;;
     kern)
       timeout "${KERN_TIMEOUT:-120}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
-        tests/kernels/test_triton_attention.py tests/model/test_triton_path.py \
-        tests/kernels/test_host_to_device.py 2>&1 | tee "$OUT/kern.log" | tail -15 ;;
+        tests/kernels/test_triton_attention.py tests/kernels/test_attention_split.py \
+        tests/model/test_triton_path.py tests/kernels/test_host_to_device.py 2>&1 \
+        | tee "$OUT/kern.log" | tail -15 ;;
     tp)
       timeout "${TP_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/engine/test_tp_cuda.py tests/kernels/test_triton_cuda.py tests/trainer/test_trainer_cuda.py \

@@ -20,12 +20,17 @@ So a token's output is the same in a decode step of any batch, in a chunked pref
 the trainer's packed forward. m starts at -1e30 (finite), so the first visible step
 rescales the empty state by exp2(-1e30 - m) = 0 without producing a NaN.
 
-Softmax chunks: the online softmax restarts at every `chunk` aligned key positions
-(`SOFTMAX_CHUNK`, at least one step) and merges the chunk's state into the row's running
-state (`merge_state`, chunks ascending). A chunk a row sees nothing of merges as the
-identity, bitwise, so the split walk (`attention_split`: one program per chunk, then a
-merge in chunk order) gives the same bits as this single walk; a decode call, whose tiles
-hold one row each, walks its chunks in parallel that way.
+Softmax chunks: the online softmax restarts at fixed key positions, the chunk boundaries,
+and merges the chunk's state into the row's running state (`merge_state`, chunks
+ascending). Chunks are `chunk` (`SOFTMAX_CHUNK`) positions wide up to 2 * P * chunk (P =
+`CHUNKS_PER_OCTAVE`), then P to an octave: [2^o, 2^(o+1)) splits into P chunks of 2^o / P
+(`chunk_index`). Every width is a power of two of at least one step, so no step straddles a
+boundary; a row at position L crosses O(log L) boundaries past the first 2P, so a long
+context's scattered Sparse GQA selection does not pay a merge at nearly every step. A chunk
+a row sees nothing of merges as the identity, bitwise, so the split walk
+(`attention_split`: one program per chunk, then a merge in chunk order) gives the same
+bits as this single walk; a decode call, whose tiles hold one row each, walks its chunks
+in parallel that way.
 Outputs: O (N, H, D) in q's dtype, LSE (N, H) fp32 in base 2 (for the backward).
 """
 
@@ -49,20 +54,79 @@ LOG2E = 1.4426950408889634
 NEG_INIT = tl.constexpr(-1.0e30)
 
 # Launch options of the forward. Engine and trainer launch it alike (a program's reductions
-# follow its layout, which the warp count sets), so they are constants, not per call.
+# follow its layout, which the warp count sets), so they depend on the head dim only.
 FORWARD_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
+# Registers per thread at head dims up to 64: the chunk state (a second accumulator) took the
+# single walk to 180-222 registers, two programs per SM, +29% at 32K Sparse GQA prefill on the
+# H200; at 168 three fit, with no spill (14.2 ms against 13.7 ms before the chunks). At 128
+# the walk needs ~255 either way (168 spilled, 9-44% slower).
+NARROW_HEAD_MAX_REGISTERS = 168
 
-# Key positions per softmax chunk (see module doc). Part of the numerics (engine and
-# trainer must merge at the same positions), so a constant: 256 gives a decode step at 4K
-# context 16 parallel chunks per KV group and adds one merge per 8-16 steps to a prefill.
+
+def forward_launch(head_dim: int) -> dict[str, int]:
+    """The forward kernels' launch options for a head dim (the same in engine and trainer)."""
+    if next_pow2(head_dim) <= 64:
+        return {**FORWARD_LAUNCH, "maxnreg": NARROW_HEAD_MAX_REGISTERS}
+    return dict(FORWARD_LAUNCH)
+
+
+# The softmax chunk boundaries (see module doc). Part of the numerics (engine and trainer
+# must merge at the same positions), so constants. 256-position chunks give a decode step at
+# 4K context 16 parallel chunks per KV group; past 4K (2 * 8 * 256) eight chunks per octave
+# keep a 128K row at 56 chunks (512 at a flat 256: the single walk's merges cost +36% there).
 SOFTMAX_CHUNK = 256
+CHUNKS_PER_OCTAVE = 8
+
+
+def _log2_exact(x: int, what: str) -> int:
+    if x < 1 or x & (x - 1):
+        raise ValueError(f"{what} must be a power of two, got {x}")
+    return x.bit_length() - 1
 
 
 def softmax_chunk(step: int, chunk: int) -> int:
-    """Key positions per softmax chunk for a walk of `step`-key steps (a multiple of it)."""
-    if chunk % step and step % chunk:
-        raise ValueError(f"softmax chunk {chunk} and key step {step} must divide one another")
+    """The base chunk width for a walk of `step`-key steps: a power of two, at least a step."""
+    _log2_exact(chunk, "softmax chunk")
+    _log2_exact(step, "key step")
     return max(chunk, step)
+
+
+def chunk_index(pos: int, chunk: int, per_octave: int) -> int:
+    """The softmax chunk key position `pos` lies in (host twin of the kernels' `chunk_of`)."""
+    log_c, log_p = _log2_exact(chunk, "softmax chunk"), _log2_exact(per_octave, "chunks per octave")
+    if pos < per_octave << log_c:
+        return pos >> log_c
+    o = pos.bit_length() - 1
+    return per_octave * (o - log_c - log_p) + (pos >> (o - log_p))
+
+
+def chunk_start(j: int, chunk: int, per_octave: int) -> int:
+    """The first key position of softmax chunk `j` (host twin of the kernels' `chunk_first`)."""
+    log_c = _log2_exact(chunk, "softmax chunk")
+    if j < per_octave:
+        return j << log_c
+    return (per_octave + j % per_octave) << (log_c + j // per_octave - 1)
+
+
+@triton.jit
+def chunk_of(pos, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):
+    """The softmax chunk of key position `pos` (int scalar or tensor; see `chunk_index`)."""
+    pos = tl.full([], 0, tl.int64) + pos  # a loop index may be a Python int (interpreter)
+    # floor(log2(pos)) from the exponent of an exact fp64 image (exact below 2^53)
+    o = (pos.to(tl.float64).to(tl.int64, bitcast=True) >> 52) - 1023
+    o = tl.maximum(o, LOG_CHUNK + LOG_PER_OCTAVE)  # small positions: the flat branch below
+    octave = ((o - LOG_CHUNK - LOG_PER_OCTAVE) << LOG_PER_OCTAVE) + (pos >> (o - LOG_PER_OCTAVE))
+    flat = pos >> LOG_CHUNK
+    return tl.where(pos < (1 << (LOG_CHUNK + LOG_PER_OCTAVE)), flat, octave).to(tl.int32)
+
+
+@triton.jit
+def chunk_first(j, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):
+    """The first key position of softmax chunk `j` (see `chunk_start`)."""
+    j = tl.full([], 0, tl.int64) + j
+    PER: tl.constexpr = 1 << LOG_PER_OCTAVE
+    shift = LOG_CHUNK + tl.maximum(j >> LOG_PER_OCTAVE, 1) - 1
+    return tl.where(j < PER, j << LOG_CHUNK, (PER + (j & (PER - 1))) << shift)
 
 
 @triton.jit
@@ -292,7 +356,7 @@ def _attn_fwd(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_GATE: tl.constexpr, SPC: tl.constexpr,
+    HAS_GATE: tl.constexpr, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr,
 ):  # fmt: skip
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
@@ -300,16 +364,17 @@ def _attn_fwd(
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
     m, denom, acc = fresh_state(T * G, DP)
     mc, lc, accc = fresh_state(T * G, DP)
-    chunk = first * 0 - 1  # the chunk (SPC steps) whose state mc, lc, accc hold
+    chunk = first * 0 - 1  # the softmax chunk whose state mc, lc, accc hold
     for i in range(first, last):
         if SPARSE:
             c = tl.load(step_ids + i)
         else:
             c = i
-        if c // SPC != chunk:  # a new chunk: merge the last one, restart
+        c_chunk = chunk_of(c * STEP, LOG_CHUNK, LOG_PER_OCTAVE)
+        if c_chunk != chunk:  # a new chunk: merge the last one, restart
             m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
             mc, lc, accc = fresh_state(T * G, DP)
-            chunk = c // SPC
+            chunk = c_chunk
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
@@ -395,7 +460,7 @@ def attention_forward(
         gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
         G=g, T=tiles.T, D=d, DP=next_pow2(d), STEP=step, PAGE=kv.page_size, BLK=block,
         SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        HAS_GATE=gate is not None, SPC=chunk // step, **FORWARD_LAUNCH,
+        HAS_GATE=gate is not None, **chunk_constants(chunk), **forward_launch(d),
     )  # fmt: skip
     return out, lse
 
@@ -409,11 +474,20 @@ SPLIT_BELOW_PROGRAMS = 512
 SPLIT_MAX_CHUNK_PROGRAMS = 16384
 
 
+def chunk_constants(chunk: int) -> dict[str, int]:
+    """The kernels' constexprs for the chunk rule: log2 of the base width and of P."""
+    return {
+        "LOG_CHUNK": _log2_exact(chunk, "softmax chunk"),
+        "LOG_PER_OCTAVE": _log2_exact(CHUNKS_PER_OCTAVE, "chunks per octave"),
+    }
+
+
 def walk_chunks(tiles: QueryTiles, step: int, window: int, sparse: bool, chunk: int) -> int:
     """Chunks a split call walks per (tile, group): every chunk up to the largest query
-    position (Sparse GQA), or as many as one tile's window walk can straddle (SWA)."""
+    position (Sparse GQA), or as many as one tile's window walk can straddle (SWA; no
+    chunk is narrower than `chunk`, so the flat count bounds it)."""
     if sparse:
-        return tiles.max_pos // chunk + 1
+        return chunk_index(tiles.max_pos, chunk, CHUNKS_PER_OCTAVE) + 1
     # the walk spans window + T - 1 positions, widened to whole steps at its first end
     return (window + tiles.T - 1 + step) // chunk + 2
 

@@ -11,7 +11,9 @@ so a batch of one keeps a handful of SMs busy. Here:
 Invariant: the output and LSE are bitwise `_attn_fwd`'s. That kernel restarts its softmax
 at the same chunk boundaries and merges with the same function; chunks it never visits
 (no step of its walk falls there) are empty here, and an empty chunk merges as the
-identity, bitwise (`merge_state`). Chunks are absolute: SOFTMAX_CHUNK aligned positions.
+identity, bitwise (`merge_state`). Chunks follow `attention_fwd`'s boundary rule
+(`chunk_of`): Sparse GQA's program j takes absolute chunk j, SWA's the j-th chunk from the
+one its walk starts in.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
 from rlsys.kernels.triton_ops.attention_fwd import (
-    FORWARD_LAUNCH,
     LOG2E,
     NEG_INIT,
+    chunk_constants,
+    chunk_first,
+    chunk_of,
     finish_rows,
     fold_step,
+    forward_launch,
     fresh_state,
     load_queries,
     merge_state,
@@ -67,20 +72,22 @@ def _attn_fwd_part(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    SPC: tl.constexpr, SCAN: tl.constexpr,
+    LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
 ):  # fmt: skip
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
     )
     j = tl.program_id(2)
     if SPARSE:
-        # chunks are absolute: chunk j holds steps [j * SPC, (j + 1) * SPC)
-        a, b = chunk_slots(step_ids, first, last, j * SPC, (j + 1) * SPC, SCAN)
+        # chunks are absolute: program j walks the CSR slots whose steps lie in chunk j
+        lo_step = (chunk_first(j, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32)
+        hi_step = (chunk_first(j + 1, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32)
+        a, b = chunk_slots(step_ids, first, last, lo_step, hi_step, SCAN)
     else:
         # SWA walks consecutive steps: chunk j is the j-th from the one its first step is in
-        c0 = (first // SPC + j) * SPC
-        a = tl.maximum(first, c0)
-        b = tl.minimum(last, c0 + SPC)
+        jj = chunk_of(first * STEP, LOG_CHUNK, LOG_PER_OCTAVE) + j
+        a = tl.maximum(first, (chunk_first(jj, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32))
+        b = tl.minimum(last, (chunk_first(jj + 1, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32))
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
     m, denom, acc = fresh_state(T * G, DP)
     for i in range(a, b):
@@ -141,7 +148,7 @@ def split_attention_forward(
     pl = torch.empty_like(pm)
     pacc = torch.empty(n, h, n_chunks, dp, dtype=torch.float32, device=q.device)
     step_off, step_ids, bits = csr
-    common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **FORWARD_LAUNCH}
+    common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d)}
     _attn_fwd_part[(tiles.n_tiles, hkv, n_chunks)](
         q, k_pool, v_pool, pm, pl, pacc,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
@@ -151,7 +158,7 @@ def split_attention_forward(
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
         STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
-        PRECISION=dot_precision(q.dtype), SPC=chunk // step, SCAN=SCAN, **common,
+        PRECISION=dot_precision(q.dtype), SCAN=SCAN, **chunk_constants(chunk), **common,
     )  # fmt: skip
     _attn_merge[(tiles.n_tiles, hkv)](
         pm, pl, pacc, out, lse, pm.stride(0), pm.stride(1), out.stride(0), out.stride(1),

@@ -1,12 +1,16 @@
 """The split-KV forward (chunks walked in parallel, then merged) against the single walk.
 
-Small softmax chunks (32 positions, two 16-key steps) so that every row's walk crosses
-several chunks, some of which a row sees nothing of: the merged output must be the dense
-softmax, and a decode row's output and LSE bitwise the same whether its chunks are walked
-in parallel or in one walk, and the same as in the whole-sequence prefill.
+Small softmax chunks (32 positions, two 16-key steps; or 16-position chunks, two to an
+octave past 64, so that the widening chunks are crossed too) so that every row's walk
+crosses several chunks, some of which a row sees nothing of: the merged output must be the
+dense softmax, and a decode row's output and LSE bitwise the same whether its chunks are
+walked in parallel or in one walk, and the same as in the whole-sequence prefill. The chunk
+rule's host and kernel twins agree position by position.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -24,15 +28,25 @@ from tests.kernels.triton_cases import (
 
 triton = pytest.importorskip("triton")
 
-from rlsys.kernels.triton_ops.attention_fwd import attention_forward, splits_chunks  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
+from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
+    attention_forward,
+    chunk_first,
+    chunk_index,
+    chunk_of,
+    chunk_start,
+    splits_chunks,
+)
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 H, HKV, D, BLK, IDX, KSEL, WINDOW, T, CHUNK = 4, 2, 8, 2, 8, 3, 45, 16, 32
-LENGTHS = [40, 7, 70]
+LENGTHS = [40, 7, 100]
 
 
-def _call(kind, case, q, qi, spans, **kw):  # noqa: ANN001, ANN003, ANN202
+def _call(kind, case, q, qi, spans, chunk=CHUNK, **kw):  # noqa: ANN001, ANN003, ANN202
     """(out, lse, selection ids or None) of one attention call over `spans`."""
     tiles = plan_tiles(spans, T, DEV)
     if kind == "swa":
@@ -42,32 +56,37 @@ def _call(kind, case, q, qi, spans, **kw):  # noqa: ANN001, ANN003, ANN202
         off, steps = union_steps(sel, tiles, block=BLK, step=16)
         extra, ids = {"sparse": (off, steps, sel.bits), "block": BLK}, sel.ids
     out, lse = attention_forward(
-        q, case.k, case.v, tiles, case.kv, scale=SCALE, step=16, chunk=CHUNK, **extra, **kw
+        q, case.k, case.v, tiles, case.kv, scale=SCALE, step=16, chunk=chunk, **extra, **kw
     )
     return out, lse, ids
 
 
+@pytest.mark.parametrize(("chunk", "per_octave"), [(CHUNK, 8), (16, 2)])
 @pytest.mark.parametrize("kind", ["swa", "sparse"])
-def test_split_chunks_give_the_single_walks_bits(kind: str) -> None:
+def test_split_chunks_give_the_single_walks_bits(
+    kind: str, chunk: int, per_octave: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(attention_fwd, "CHUNKS_PER_OCTAVE", per_octave)
     case = paged_case(LENGTHS, HKV, D, 32, BLK, IDX, DEV, seed=11)
     spans = prefill_spans(case.lengths)
     n = sum(case.lengths)
     q, qi = torch.randn(n, H, D).to(DEV), torch.randn(n, HKV, IDX).to(DEV)
-    full, full_lse, ids = _call(kind, case, q, qi, spans, split=False)
+    call = functools.partial(_call, kind, case, chunk=chunk)
+    full, full_lse, ids = call(q, qi, spans, split=False)
     visible = window_visible(WINDOW) if kind == "swa" else selection_visible(ids, spans, BLK)
     want = dense_attention(case, q, spans, visible, SCALE)
     torch.testing.assert_close(full.cpu(), want, atol=2e-6, rtol=1e-5)
     last = [sp.row + sp.n - 1 for sp in spans]
     dspans = decode_spans(case.lengths)
-    assert splits_chunks(plan_tiles(dspans, T, DEV), HKV, CHUNK, 3)  # decode: split
-    assert not splits_chunks(plan_tiles(spans, T, DEV), HKV, CHUNK, 3)  # prefill: one walk
-    walked, walked_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=False)
-    split, split_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=True)
+    assert splits_chunks(plan_tiles(dspans, T, DEV), HKV, chunk, 3)  # decode: split
+    assert not splits_chunks(plan_tiles(spans, T, DEV), HKV, chunk, 3)  # prefill: one walk
+    walked, walked_lse, _ = call(q[last], qi[last], dspans, split=False)
+    split, split_lse, _ = call(q[last], qi[last], dspans, split=True)
     assert torch.equal(split, walked) and torch.equal(split_lse, walked_lse)
     assert torch.equal(split, full[last]) and torch.equal(split_lse, full_lse[last])
     gate = torch.rand(len(last), H).to(DEV)
-    gated_walk, _, _ = _call(kind, case, q[last], qi[last], dspans, split=False, gate=gate)
-    gated_split, _, _ = _call(kind, case, q[last], qi[last], dspans, split=True, gate=gate)
+    gated_walk, _, _ = call(q[last], qi[last], dspans, split=False, gate=gate)
+    gated_split, _, _ = call(q[last], qi[last], dspans, split=True, gate=gate)
     assert torch.equal(gated_split, gated_walk)
     assert torch.equal(gated_split, (full[last] * gate[..., None]).to(full.dtype))
 
@@ -83,3 +102,41 @@ def test_split_in_bf16_gives_the_single_walks_bits() -> None:
         walked, walked_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=False)
         split, split_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=True)
         assert torch.equal(split, walked) and torch.equal(split_lse, walked_lse), kind
+
+
+@pytest.mark.parametrize(("chunk", "per_octave"), [(256, 8), (16, 2), (32, 1)])
+def test_chunk_rule_widens_by_octave_and_its_twins_agree(chunk: int, per_octave: int) -> None:
+    """Chunks tile the positions in ascending order, each a power of two at least `chunk`
+    wide, flat for 2 * P chunks, then P to an octave; the kernels compute the same."""
+    flat = 2 * per_octave
+    assert [chunk_start(j, chunk, per_octave) for j in range(flat + 1)] == [
+        j * chunk for j in range(flat + 1)
+    ]
+    for j in range(flat, flat + 4 * per_octave):
+        lo, hi = chunk_start(j, chunk, per_octave), chunk_start(j + 1, chunk, per_octave)
+        width = hi - lo
+        assert width >= chunk and width & (width - 1) == 0 and lo % width == 0
+        assert width == 1 << (lo.bit_length() - 1 - per_octave.bit_length() + 1)
+        assert chunk_index(lo, chunk, per_octave) == j == chunk_index(hi - 1, chunk, per_octave)
+    if (chunk, per_octave) == (256, 8):  # the model's rule: 56 chunks at 128K, 16 at 4K
+        assert chunk_index(128 * 1024 - 1, chunk, per_octave) == 55
+        assert chunk_index(4095, chunk, per_octave) == 15
+    js = torch.arange(0, flat + 8 * per_octave, dtype=torch.int32, device=DEV)
+    edges = [chunk_start(j, chunk, per_octave) + e for j in js.tolist()[1:] for e in (-1, 0, 1)]
+    pos = torch.tensor([0, 1, *edges], dtype=torch.int32, device=DEV)
+    want = torch.tensor([chunk_index(int(p), chunk, per_octave) for p in pos.tolist()])
+    want_first = torch.tensor([chunk_start(int(j), chunk, per_octave) for j in js.tolist()])
+    got, got_first = torch.empty_like(pos), torch.empty(len(js), dtype=torch.int64, device=DEV)
+    logs = {"LOG_CHUNK": chunk.bit_length() - 1, "LOG_PER_OCTAVE": per_octave.bit_length() - 1}
+    _chunk_rule_probe[(1,)](pos, got, len(pos), js, got_first, len(js), BLOCK=1024, **logs)
+    assert torch.equal(got.cpu().long(), want) and torch.equal(got_first.cpu(), want_first)
+
+
+@triton.jit
+def _chunk_rule_probe(pos, out, n, js, out_first, n_js, BLOCK: tl.constexpr,
+                      LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):  # fmt: skip
+    o = tl.arange(0, BLOCK)
+    p = tl.load(pos + o, mask=o < n, other=0)
+    tl.store(out + o, chunk_of(p, LOG_CHUNK, LOG_PER_OCTAVE), mask=o < n)
+    j = tl.load(js + o, mask=o < n_js, other=0)
+    tl.store(out_first + o, chunk_first(j, LOG_CHUNK, LOG_PER_OCTAVE), mask=o < n_js)

@@ -1,0 +1,175 @@
+"""GPU kernel time of the attention forward's walks, decode and prefill, from the profiler.
+
+Usage (GPU machine, repository root):
+    python benchmarks/bench_attention_walk.py                  # single walk, head dims 64, 128
+    python benchmarks/bench_attention_walk.py --split-sweep    # single vs split walk, 4K decode
+    python benchmarks/bench_attention_walk.py --maxnreg 168    # a register cap for every dim
+
+Times are the attention kernels' own GPU time per call (torch.profiler, 10 calls after 3
+warm-ups): an eager call at batch 64 spends more on launches than on the GPU, so event
+timing of one call measures the host. Shapes: 16 query heads, 4 KV groups, bf16; Sparse GQA
+B = 8, k = 4,096 (512 blocks), 16-key steps; SWA window 512, 32-key steps; decode rows at
+position context - 1 in a paged pool (random pages); prefill one 32K sequence with
+index queries correlated over 64-token spans (adjacent queries share most of their
+top-k). The registers per thread and spills of the single-walk kernel are Triton's.
+For a before/after, run it from a `git archive` of the other commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlsys.kernels.attention_plan import (  # noqa: E402
+    PagedKV,
+    QueryTiles,
+    Span,
+    contiguous_table,
+    plan_tiles,
+)
+from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
+from rlsys.kernels.triton_ops.attention_fwd import attention_forward  # noqa: E402
+from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
+
+H, HKV, B, IDX, PAGE, KSEL, WINDOW = 16, 4, 8, 64, 64, 512, 512
+SPARSE_STEP, SWA_STEP, T = 16, 32, 16
+# decode rows walk once unless a table asks (commits before the split walk lack the option)
+ONE_WALK = {"split": False} if "split" in inspect.signature(attention_forward).parameters else {}
+
+
+def kernel_ms(fn: Callable[[], object]) -> float:
+    """GPU milliseconds per call of the attention kernels (`_attn*`) that `fn` launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.device_time_total for e in prof.key_averages() if e.key.startswith("_attn"))
+    return total / 10 / 1000
+
+
+def forward_pair(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: QueryTiles, kv: PagedKV,
+    qi: torch.Tensor, bk: torch.Tensor, bkt: PagedKV,
+) -> tuple[Callable, Callable]:  # fmt: skip
+    """(sparse, swa): the forward over these rows, Sparse GQA (its selection made here,
+    once) and SWA; each takes `attention_forward`'s keyword options."""
+    sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=KSEL, block=B, precision="tf32")
+    off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    scale = 1 / math.sqrt(q.shape[-1])
+
+    def sparse(**kw: object) -> object:
+        return attention_forward(
+            q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(off, ids, sel.bits),
+            block=B, **kw,
+        )  # fmt: skip
+
+    def swa(**kw: object) -> object:
+        return attention_forward(
+            q, k, v, tiles, kv, scale=scale, step=SWA_STEP, window=WINDOW, **kw
+        )
+
+    return sparse, swa
+
+
+def decode_calls(batch: int, ctx: int, d: int) -> tuple[Callable, Callable]:
+    """(sparse, swa) forward calls of one decode step of `batch` rows at `ctx` context."""
+    dev = "cuda"
+    k = torch.randn(batch * ctx, HKV, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    perm = torch.randperm(batch * ctx // PAGE, device=dev).view(batch, -1).to(torch.int32)
+    kv, bkt = PagedKV(perm * PAGE, PAGE), PagedKV(perm * (PAGE // B), PAGE // B)
+    g = torch.Generator().manual_seed(1)
+    bk = torch.randn(batch * ctx // B, IDX, generator=g).to(dev)
+    qi = torch.randn(batch, HKV, IDX, generator=g).to(dev)
+    q = torch.randn(batch, H, d, device=dev, dtype=torch.bfloat16)
+    tiles = plan_tiles([Span(s, s, 1, ctx - 1) for s in range(batch)], T, dev)
+    return forward_pair(q, k, v, tiles, kv, qi, bk, bkt)
+
+
+def prefill_calls(length: int, d: int) -> tuple[Callable, Callable]:
+    """(sparse, swa) forward calls over one packed sequence of `length` tokens."""
+    dev = "cuda"
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(length, H, d, generator=g).to(dev, torch.bfloat16)
+    k = torch.randn(length, HKV, d, generator=g).to(dev, torch.bfloat16)
+    v = torch.randn_like(k)
+    centre = torch.randn(length // 64 + 1, HKV, IDX, generator=g).repeat_interleave(64, 0)
+    qi = (0.9 * centre[:length] + 0.1 * torch.randn(length, HKV, IDX, generator=g)).to(dev)
+    bk = torch.randn(length // B, IDX, generator=g).to(dev)
+    kv, bkt = contiguous_table([length], PAGE, dev), contiguous_table([length // B], PAGE // B, dev)
+    tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
+    return forward_pair(q, k, v, tiles, kv, qi, bk, bkt)
+
+
+def single_walk_kernels() -> dict[object, object]:
+    """Every compiled variant of the single-walk kernel so far, by its cache key."""
+    found = {}
+    for cache in attention_fwd._attn_fwd.device_caches.values():
+        found.update(cache[0])
+    return found
+
+
+def walk_table(head_dims: list[int]) -> None:
+    print("\n| head dim | decode 64 x 128K Sparse ms | SWA ms | decode 64 x 4K Sparse ms | SWA ms "
+          "| prefill 32K Sparse ms | SWA ms | single walk regs/spills |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for d in head_dims:
+        before = single_walk_kernels()
+        cells = []
+        for make in (lambda: decode_calls(64, 131072, d), lambda: decode_calls(64, 4096, d),
+                     lambda: prefill_calls(32768, d)):  # fmt: skip
+            sparse, swa = make()
+            cells += [f"{kernel_ms(lambda f=f: f(**ONE_WALK)):.3f}" for f in (sparse, swa)]
+            del sparse, swa
+            torch.cuda.empty_cache()
+        regs = [f"{k.n_regs}/{k.n_spills}" for key, k in single_walk_kernels().items()
+                if key not in before]  # fmt: skip
+        print(f"| {d} | " + " | ".join(cells) + f" | {', '.join(regs)} |", flush=True)
+
+
+def split_table(d: int) -> None:
+    print(f"\n| decode batch at 4K (head dim {d}) | programs | Sparse one walk ms | split ms "
+          "| SWA one walk ms | split ms |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|")
+    for batch in (1, 8, 16, 32, 64):
+        sparse, swa = decode_calls(batch, 4096, d)
+        cells = [f"{kernel_ms(lambda s=s, f=f: f(split=s)):.3f}" for f in (sparse, swa)
+                 for s in (False, True)]  # fmt: skip
+        print(f"| {batch} | {batch * HKV} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--split-sweep", action="store_true")
+    parser.add_argument("--maxnreg", type=int, default=0, help="cap registers at every dim")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention_walk needs a GPU (it reads the profiler's kernel times)")
+    if args.maxnreg:
+        attention_fwd.FORWARD_LAUNCH["maxnreg"] = args.maxnreg
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; softmax chunk "
+          f"{attention_fwd.SOFTMAX_CHUNK}, {attention_fwd.CHUNKS_PER_OCTAVE} per octave")  # fmt: skip
+    dims = [int(x) for x in args.head_dims.split(",")]
+    if args.split_sweep:
+        for d in dims:
+            split_table(d)
+    else:
+        walk_table(dims)
+
+
+if __name__ == "__main__":
+    main()
