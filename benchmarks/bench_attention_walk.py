@@ -5,9 +5,8 @@ Usage (GPU machine, repository root):
     python benchmarks/bench_attention_walk.py --split-sweep    # single vs split walk, 4K decode
     python benchmarks/bench_attention_walk.py --maxnreg 168    # a register cap for every dim
 
-Times are the attention kernels' own GPU time per call (torch.profiler, 10 calls after 3
-warm-ups): an eager call at batch 64 spends more on launches than on the GPU, so event
-timing of one call measures the host. Shapes: 16 query heads, 4 KV groups, bf16; Sparse GQA
+Times are the attention kernels' own GPU time per call (`bench_attention.kernel_ms`: the
+profiler; event timing of an eager decode-sized call measures the host). Shapes: 16 query heads, 4 KV groups, bf16; Sparse GQA
 B = 8, k = 4,096 (512 blocks), 16-key steps; SWA window 512, 32-key steps; decode rows at
 position context - 1 in a paged pool (random pages); prefill one 32K sequence with
 index queries correlated over 64-token spans (adjacent queries share most of their
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_attention import kernel_ms  # noqa: E402
 from rlsys.kernels.attention_plan import (  # noqa: E402
     PagedKV,
     QueryTiles,
@@ -40,24 +40,10 @@ from rlsys.kernels.triton_ops.attention_fwd import attention_forward  # noqa: E4
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
 
 H, HKV, B, IDX, PAGE, KSEL, WINDOW = 16, 4, 8, 64, 64, 512, 512
+ATTENTION_KERNELS = ("_attn",)  # the walks and the split's merge; not the selection
 SPARSE_STEP, SWA_STEP, T = 16, 32, 16
 # decode rows walk once unless a table asks (commits before the split walk lack the option)
 ONE_WALK = {"split": False} if "split" in inspect.signature(attention_forward).parameters else {}
-
-
-def kernel_ms(fn: Callable[[], object]) -> float:
-    """GPU milliseconds per call of the attention kernels (`_attn*`) that `fn` launches."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-    total = sum(e.device_time_total for e in prof.key_averages() if e.key.startswith("_attn"))
-    return total / 10 / 1000
 
 
 def forward_pair(
@@ -132,7 +118,10 @@ def walk_table(head_dims: list[int]) -> None:
         for make in (lambda: decode_calls(64, 131072, d), lambda: decode_calls(64, 4096, d),
                      lambda: prefill_calls(32768, d)):  # fmt: skip
             sparse, swa = make()
-            cells += [f"{kernel_ms(lambda f=f: f(**ONE_WALK)):.3f}" for f in (sparse, swa)]
+            cells += [
+                f"{kernel_ms(lambda f=f: f(**ONE_WALK), ATTENTION_KERNELS):.3f}"
+                for f in (sparse, swa)
+            ]
             del sparse, swa
             torch.cuda.empty_cache()
         regs = [f"{k.n_regs}/{k.n_spills}" for key, k in single_walk_kernels().items()
@@ -146,8 +135,8 @@ def split_table(d: int) -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for batch in (1, 8, 16, 32, 64):
         sparse, swa = decode_calls(batch, 4096, d)
-        cells = [f"{kernel_ms(lambda s=s, f=f: f(split=s)):.3f}" for f in (sparse, swa)
-                 for s in (False, True)]  # fmt: skip
+        cells = [f"{kernel_ms(lambda s=s, f=f: f(split=s), ATTENTION_KERNELS):.3f}"
+                 for f in (sparse, swa) for s in (False, True)]  # fmt: skip
         print(f"| {batch} | {batch * HKV} | " + " | ".join(cells) + " |", flush=True)
 
 
