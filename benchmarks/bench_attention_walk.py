@@ -4,6 +4,7 @@ Usage (GPU machine, repository root):
     python benchmarks/bench_attention_walk.py                  # single walk, head dims 64, 128
     python benchmarks/bench_attention_walk.py --split-sweep    # single vs split walk, 4K decode
     python benchmarks/bench_attention_walk.py --maxnreg 168    # a register cap for every dim
+    python benchmarks/bench_attention_walk.py --stages 4       # deeper load pipelining
 
 Times are the attention kernels' own GPU time per call (`bench_attention.kernel_ms`: the
 profiler; event timing of an eager decode-sized call measures the host). Shapes: 16 query heads, 4 KV groups, bf16; Sparse GQA
@@ -145,13 +146,20 @@ def main() -> None:
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--split-sweep", action="store_true")
     parser.add_argument("--maxnreg", type=int, default=0, help="cap registers at every dim")
+    parser.add_argument(
+        "--stages", type=int, default=0,
+        help="software-pipeline stages of the forward (a launch option: the same bits)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention_walk needs a GPU (it reads the profiler's kernel times)")
     if args.maxnreg:
         attention_fwd.FORWARD_LAUNCH["maxnreg"] = args.maxnreg
+    if args.stages:
+        attention_fwd.FORWARD_LAUNCH["num_stages"] = args.stages
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; softmax chunk "
-          f"{attention_fwd.SOFTMAX_CHUNK}, {attention_fwd.CHUNKS_PER_OCTAVE} per octave")  # fmt: skip
+          f"{attention_fwd.SOFTMAX_CHUNK}, {attention_fwd.CHUNKS_PER_OCTAVE} per octave; "
+          f"launch {attention_fwd.FORWARD_LAUNCH}")  # fmt: skip
     dims = [int(x) for x in args.head_dims.split(",")]
     if args.split_sweep:
         for d in dims:
