@@ -41,6 +41,7 @@ ORDER = [
     "gpu_attention_launch",
     "gpu_decode_split",
     "gpu_walk_registers",
+    "kernel_registers",
     "job_ends",
     "ci_time",
 ]

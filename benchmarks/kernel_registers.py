@@ -1,0 +1,100 @@
+"""Registers per thread, spilled stack and shared memory of the attention kernels compiled
+for sm_90 on this machine (no GPU needed: `kernels/triton_ops/offline.py`).
+
+Usage: python benchmarks/kernel_registers.py [--head-dims 64,128] [--arch 90]
+
+Each kernel at `large`'s attention geometry (4 heads per KV group, 16-slot query tiles,
+bf16 on tensor cores; Sparse GQA 16-key steps, SWA 32-key steps) under the launch options
+the project gives it (`forward_launch` for the forward walks, `DQ_LAUNCH` / `DKV_LAUNCH` for
+the backward). Programs per SM is 65,536 registers / (threads x registers), the limit the
+register file sets (shared memory and the 32-warp cap can set a lower one). The figures are
+this machine's Triton version's; the H200's Triton may allocate a few registers differently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlsys.kernels.triton_ops import attention_bwd  # noqa: E402
+from rlsys.kernels.triton_ops.attention_fwd import chunk_constants, forward_launch  # noqa: E402
+from rlsys.kernels.triton_ops.offline import compile_resources  # noqa: E402
+
+MODULE = "rlsys.kernels.triton_ops"
+POINTERS = {
+    **dict.fromkeys(("Q", "K", "V", "Out", "GATE", "DO", "DQ", "DK", "DV"), "*bf16"),
+    **dict.fromkeys(("LSE", "DELTA", "PM", "PL", "PACC"), "*fp32"),
+    **dict.fromkeys(
+        (
+            "tile_seq",
+            "tile_slot0",
+            "tile_lo",
+            "tile_hi",
+            "tile_row",
+            "block_table",
+            "step_off",
+            "step_ids",
+            "sel_bits",
+            "chunk_seq",
+            "chunk_step",
+            "seq_len",
+            "seq_tile0",
+            "seq_ntiles",
+            "inv_off",
+            "inv_tiles",
+        ),
+        "*i32",
+    ),  # fmt: skip
+    **dict.fromkeys(("qk_scale", "sm_scale"), "fp32"),
+}
+
+
+def geometry(d: int, sparse: bool) -> dict[str, object]:
+    return {
+        "G": 4, "T": 16, "D": d, "DP": d, "STEP": 16 if sparse else 32, "PAGE": 64, "BLK": 8,
+        "SPARSE": sparse, "UPCAST": False, "PRECISION": "tf32",
+    }  # fmt: skip
+
+
+def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
+    """(label, module:kernel, extra constexprs, launch) of every kernel in the table."""
+    chunks = chunk_constants(256)
+    return [
+        ("forward walk", f"{MODULE}.attention_fwd:_attn_fwd", {**chunks, "HAS_GATE": True},
+         forward_launch(d)),
+        ("split part", f"{MODULE}.attention_split:_attn_fwd_part", {**chunks, "SCAN": 128},
+         forward_launch(d)),
+        ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq", {}, attention_bwd.DQ_LAUNCH),
+        ("backward dk dv", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {}, attention_bwd.DKV_LAUNCH),
+    ]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--arch", type=int, default=90)
+    args = parser.parse_args()
+    print(f"sm_{args.arch}, compiled offline on this machine")
+    print(
+        "\n| kernel | layer | head dim | launch | registers | spilled stack B | programs per SM |"
+    )
+    print("|---|---|---:|---|---:|---:|---:|")
+    for d in (int(x) for x in args.head_dims.split(",")):
+        for label, kernel, extra, launch in kernels(d):
+            for sparse in (True, False):
+                used = compile_resources(kernel, POINTERS, {**geometry(d, sparse), **extra}, launch)
+                threads = 32 * launch["num_warps"]
+                per_sm = 65536 // (threads * used.registers)
+                shown = ", ".join(f"{k} {v}" for k, v in launch.items())
+                print(
+                    f"| {label} | {'Sparse GQA' if sparse else 'SWA'} | {d} | {shown} "
+                    f"| {used.registers} | {used.stack} | {per_sm} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
