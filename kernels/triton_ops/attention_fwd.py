@@ -73,7 +73,7 @@ def forward_launch(head_dim: int) -> dict[str, int]:
 # The softmax chunk boundaries (see module doc). Part of the numerics (engine and trainer
 # must merge at the same positions), so constants. 256-position chunks give a decode step at
 # 4K context 16 parallel chunks per KV group; past 4K (2 * 8 * 256) eight chunks per octave
-# keep a 128K row at 56 chunks (512 at a flat 256: the single walk's merges cost +36% there).
+# keep a 128K row at 56 chunks (512 at a flat 256) and the split walk's chunk states as few.
 SOFTMAX_CHUNK = 256
 CHUNKS_PER_OCTAVE = 8
 
