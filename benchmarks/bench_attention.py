@@ -69,9 +69,9 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def kernel_ms(fn: Callable[[], object], prefixes: tuple[str, ...] = ("_",)) -> float:
+def kernel_ms(fn: Callable[[], object], prefixes: tuple[str, ...] = ("",)) -> float:
     """GPU milliseconds per call of the kernels whose names start with one of `prefixes`
-    (torch.profiler, 10 calls after 3 warm-ups): an eager call of a decode-sized kernel
+    (every kernel by default; torch.profiler, 10 calls after 3 warm-ups): an eager call of a decode-sized kernel
     spends more on launches than on the GPU, so event timing measures the host."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -19,9 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlsys.config.model import preset  # noqa: E402
 from rlsys.kernels.triton_ops import attention_bwd  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import chunk_constants, forward_launch  # noqa: E402
-from rlsys.kernels.triton_ops.offline import compile_resources  # noqa: E402
+from rlsys.kernels.triton_ops.offline import KernelResources, compile_resources  # noqa: E402
+from rlsys.model.kv_layout import geometry as kernel_geometry  # noqa: E402
 
 MODULE = "rlsys.kernels.triton_ops"
 POINTERS = {
@@ -53,9 +55,14 @@ POINTERS = {
 
 
 def geometry(d: int, sparse: bool) -> dict[str, object]:
+    """The constexprs the model gives the attention kernels (`rlsys.model.kv_layout`), at
+    `large`'s geometry with head dim `d`, bf16 on tensor cores."""
+    cfg = preset("large")
+    geo = kernel_geometry(cfg)
     return {
-        "G": 4, "T": 16, "D": d, "DP": d, "STEP": 16 if sparse else 32, "PAGE": 64, "BLK": 8,
-        "SPARSE": sparse, "UPCAST": False, "PRECISION": "tf32",
+        "G": cfg.n_heads // cfg.n_kv_groups, "T": geo.query_tile, "D": d, "DP": d,
+        "STEP": geo.sparse_step if sparse else geo.swa_step, "PAGE": geo.page_size,
+        "BLK": cfg.sparse_block, "SPARSE": sparse, "UPCAST": False, "PRECISION": "tf32",
     }  # fmt: skip
 
 
@@ -72,6 +79,12 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
     ]  # fmt: skip
 
 
+def resources(label: str, d: int, sparse: bool, arch: int = 90) -> KernelResources:
+    """What the kernel `label` of the table uses, compiled for sm_`arch` with its launch."""
+    _, kernel, extra, launch = next(k for k in kernels(d) if k[0] == label)
+    return compile_resources(kernel, POINTERS, {**geometry(d, sparse), **extra}, launch, arch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--head-dims", default="64,128")
@@ -83,9 +96,9 @@ def main() -> None:
     )
     print("|---|---|---:|---|---:|---:|---:|")
     for d in (int(x) for x in args.head_dims.split(",")):
-        for label, kernel, extra, launch in kernels(d):
+        for label, _, _, launch in kernels(d):
             for sparse in (True, False):
-                used = compile_resources(kernel, POINTERS, {**geometry(d, sparse), **extra}, launch)
+                used = resources(label, d, sparse, args.arch)
                 threads = 32 * launch["num_warps"]
                 per_sm = 65536 // (threads * used.registers)
                 shown = ", ".join(f"{k} {v}" for k, v in launch.items())

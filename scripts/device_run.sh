@@ -77,7 +77,7 @@ for step in "$@"; do
       timeout "${TCOUNT_TIMEOUT:-200}" python3 benchmarks/count_trainer_ops.py ${TCOUNT_ARGS:-} \
         2>&1 | tee "$OUT/tcount.log" ;;
     kern)
-      timeout "${KERN_TIMEOUT:-120}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
+      timeout "${KERN_TIMEOUT:-300}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
         tests/kernels/test_triton_attention.py tests/kernels/test_attention_split.py \
         tests/model/test_triton_path.py tests/kernels/test_host_to_device.py 2>&1 \
         | tee "$OUT/kern.log" | tail -15 ;;

@@ -130,6 +130,12 @@ def chunk_first(j, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):
 
 
 @triton.jit
+def chunk_first_step(j, STEP: tl.constexpr, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):
+    """The first `STEP`-key step of softmax chunk `j` (chunks are whole steps)."""
+    return (chunk_first(j, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32)
+
+
+@triton.jit
 def row_visibility(
     qpos,
     present,

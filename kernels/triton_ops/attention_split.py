@@ -28,7 +28,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     NEG_INIT,
     chunk_constants,
-    chunk_first,
+    chunk_first_step,
     chunk_of,
     finish_rows,
     fold_step,
@@ -80,14 +80,14 @@ def _attn_fwd_part(
     j = tl.program_id(2)
     if SPARSE:
         # chunks are absolute: program j walks the CSR slots whose steps lie in chunk j
-        lo_step = (chunk_first(j, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32)
-        hi_step = (chunk_first(j + 1, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32)
+        lo_step = chunk_first_step(j, STEP, LOG_CHUNK, LOG_PER_OCTAVE)
+        hi_step = chunk_first_step(j + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE)
         a, b = chunk_slots(step_ids, first, last, lo_step, hi_step, SCAN)
     else:
         # SWA walks consecutive steps: chunk j is the j-th from the one its first step is in
         jj = chunk_of(first * STEP, LOG_CHUNK, LOG_PER_OCTAVE) + j
-        a = tl.maximum(first, (chunk_first(jj, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32))
-        b = tl.minimum(last, (chunk_first(jj + 1, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32))
+        a = tl.maximum(first, chunk_first_step(jj, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
+        b = tl.minimum(last, chunk_first_step(jj + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
     m, denom, acc = fresh_state(T * G, DP)
     for i in range(a, b):

@@ -14,50 +14,17 @@ import pytest
 
 pytest.importorskip("triton")
 
+from benchmarks.kernel_registers import resources  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     NARROW_HEAD_MAX_REGISTERS,
-    chunk_constants,
     forward_launch,
 )
-from rlsys.kernels.triton_ops.offline import compile_resources  # noqa: E402
-
-POINTERS = {
-    **dict.fromkeys(("Q", "K", "V", "Out", "GATE"), "*bf16"),
-    **dict.fromkeys(("LSE", "PM", "PL", "PACC"), "*fp32"),
-    **dict.fromkeys(
-        (
-            "tile_seq",
-            "tile_slot0",
-            "tile_lo",
-            "tile_hi",
-            "tile_row",
-            "block_table",
-            "step_off",
-            "step_ids",
-            "sel_bits",
-        ),
-        "*i32",
-    ),  # fmt: skip
-    "qk_scale": "fp32",
-}
-
-
-def _walk_constexprs(d: int, sparse: bool) -> dict[str, object]:
-    """`large`'s attention geometry (4 heads per group, 16-slot tiles, bf16 on tensor cores)."""
-    return {
-        "G": 4, "T": 16, "D": d, "DP": d, "STEP": 16 if sparse else 32, "PAGE": 64, "BLK": 8,
-        "SPARSE": sparse, "UPCAST": False, "PRECISION": "tf32", **chunk_constants(256),
-    }  # fmt: skip
-
 
 # Spilled stack tolerated under the cap: a few values (Triton 3.9 spills 8-16 bytes from the
 # SWA walk and the Sparse GQA split part; their H200 timings held). A second accumulator's
 # worth (64 fp32 per thread at head dim 64) is hundreds of bytes.
 MAX_SPILL_BYTES = 32
-KERNELS = {
-    "walk": "rlsys.kernels.triton_ops.attention_fwd:_attn_fwd",
-    "part": "rlsys.kernels.triton_ops.attention_split:_attn_fwd_part",
-}
+KERNELS = {"walk": "forward walk", "part": "split part"}  # rows of the benchmark's table
 
 
 @pytest.mark.parametrize(
@@ -67,8 +34,6 @@ KERNELS = {
 def test_the_narrow_head_walks_fit_the_register_cap(kernel: str, sparse: bool) -> None:
     launch = forward_launch(64)
     assert launch["maxnreg"] == NARROW_HEAD_MAX_REGISTERS
-    extra = {"HAS_GATE": True} if kernel == "walk" else {"SCAN": 128}
-    used = compile_resources(KERNELS[kernel], POINTERS, {**_walk_constexprs(64, sparse), **extra},
-                             launch)  # fmt: skip
+    used = resources(KERNELS[kernel], 64, sparse)
     assert used.registers <= NARROW_HEAD_MAX_REGISTERS, used
     assert used.stack <= MAX_SPILL_BYTES, used
