@@ -42,6 +42,7 @@ ORDER = [
     "gpu_decode_split",
     "gpu_walk_registers",
     "kernel_registers",
+    "gpu_load_mask",
     "job_ends",
     "ci_time",
 ]

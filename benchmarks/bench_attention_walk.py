@@ -5,6 +5,8 @@ Usage (GPU machine, repository root):
     python benchmarks/bench_attention_walk.py --split-sweep    # single vs split walk, 4K decode
     python benchmarks/bench_attention_walk.py --maxnreg 168    # a register cap for every dim
     python benchmarks/bench_attention_walk.py --stages 4       # deeper load pipelining
+    python benchmarks/bench_attention_walk.py --split-sweep --contexts 4096,131072
+    python benchmarks/bench_attention_walk.py --backward --dkv-maxnreg 0,168,200  # trainer
 
 Times are the attention kernels' own GPU time per call (`bench_attention.kernel_ms`: the
 profiler; event timing of an eager decode-sized call measures the host). Shapes: 16 query heads, 4 KV groups, bf16; Sparse GQA
@@ -36,13 +38,17 @@ from rlsys.kernels.attention_plan import (  # noqa: E402
     contiguous_table,
     plan_tiles,
 )
-from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
+from rlsys.kernels.triton_ops import attention_bwd, attention_fwd  # noqa: E402
+from rlsys.kernels.triton_ops.attention_bwd import attention_backward  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import attention_forward  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
 
 H, HKV, B, IDX, PAGE, KSEL, WINDOW = 16, 4, 8, 64, 64, 512, 512
 ATTENTION_KERNELS = ("_attn",)  # the walks and the split's merge; not the selection
 SPARSE_STEP, SWA_STEP, T = 16, 32, 16
+# a prefill's query tile (--tile; a sweep's knob: on the H200 rows' bits change with it, so
+# engine and trainer share the model's `KernelGeometry.query_tile`)
+PREFILL_T = T
 # decode rows walk once unless a table asks (commits before the split walk lack the option)
 ONE_WALK = {"split": False} if "split" in inspect.signature(attention_forward).parameters else {}
 
@@ -86,8 +92,8 @@ def decode_calls(batch: int, ctx: int, d: int) -> tuple[Callable, Callable]:
     return forward_pair(q, k, v, tiles, kv, qi, bk, bkt)
 
 
-def prefill_calls(length: int, d: int) -> tuple[Callable, Callable]:
-    """(sparse, swa) forward calls over one packed sequence of `length` tokens."""
+def prefill_inputs(length: int, d: int) -> tuple:
+    """(q, k, v, tiles, kv, qi, bk, bkt) of one packed sequence of `length` tokens."""
     dev = "cuda"
     g = torch.Generator().manual_seed(2)
     q = torch.randn(length, H, d, generator=g).to(dev, torch.bfloat16)
@@ -97,16 +103,44 @@ def prefill_calls(length: int, d: int) -> tuple[Callable, Callable]:
     qi = (0.9 * centre[:length] + 0.1 * torch.randn(length, HKV, IDX, generator=g)).to(dev)
     bk = torch.randn(length // B, IDX, generator=g).to(dev)
     kv, bkt = contiguous_table([length], PAGE, dev), contiguous_table([length // B], PAGE // B, dev)
-    tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
-    return forward_pair(q, k, v, tiles, kv, qi, bk, bkt)
+    tiles = plan_tiles([Span(0, 0, length, 0)], PREFILL_T, dev)
+    return q, k, v, tiles, kv, qi, bk, bkt
+
+
+def prefill_calls(length: int, d: int) -> tuple[Callable, Callable]:
+    """(sparse, swa) forward calls over one packed sequence of `length` tokens."""
+    return forward_pair(*prefill_inputs(length, d))
+
+
+def backward_calls(length: int, d: int) -> tuple[Callable, Callable]:
+    """(sparse, swa) backward calls (dq, dK/dV) over one packed sequence of `length` tokens,
+    at the forward's output and LSE."""
+    q, k, v, tiles, kv, qi, bk, bkt = prefill_inputs(length, d)
+    sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=KSEL, block=B, precision="tf32")
+    off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    scale = 1 / math.sqrt(d)
+    do = torch.randn_like(q)
+
+    def call(step: int, **kw: object) -> Callable:
+        out, lse = attention_forward(q, k, v, tiles, kv, scale=scale, step=step, **kw)
+        return lambda: attention_backward(
+            do, q, k, v, out, lse, tiles, kv, [length], scale=scale, step=step, **kw
+        )
+
+    sparse = call(SPARSE_STEP, sparse=(off, ids, sel.bits), block=B)
+    return sparse, call(SWA_STEP, window=WINDOW)
+
+
+def compiled(kernel: object) -> dict[object, object]:
+    """Every compiled variant of a Triton kernel so far, by its cache key."""
+    found = {}
+    for cache in kernel.device_caches.values():  # type: ignore[attr-defined]
+        found.update(cache[0])
+    return found
 
 
 def single_walk_kernels() -> dict[object, object]:
-    """Every compiled variant of the single-walk kernel so far, by its cache key."""
-    found = {}
-    for cache in attention_fwd._attn_fwd.device_caches.values():
-        found.update(cache[0])
-    return found
+    return compiled(attention_fwd._attn_fwd)
 
 
 def walk_table(head_dims: list[int]) -> None:
@@ -130,27 +164,59 @@ def walk_table(head_dims: list[int]) -> None:
         print(f"| {d} | " + " | ".join(cells) + f" | {', '.join(regs)} |", flush=True)
 
 
-def split_table(d: int) -> None:
-    print(f"\n| decode batch at 4K (head dim {d}) | programs | Sparse one walk ms | split ms "
+def split_table(d: int, ctx: int) -> None:
+    print(f"\n| decode batch at {ctx} (head dim {d}) | programs | Sparse one walk ms | split ms "
           "| SWA one walk ms | split ms |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|")
     for batch in (1, 8, 16, 32, 64):
-        sparse, swa = decode_calls(batch, 4096, d)
+        sparse, swa = decode_calls(batch, ctx, d)
         cells = [f"{kernel_ms(lambda s=s, f=f: f(split=s), ATTENTION_KERNELS):.3f}"
                  for f in (sparse, swa) for s in (False, True)]  # fmt: skip
         print(f"| {batch} | {batch * HKV} | " + " | ".join(cells) + " |", flush=True)
+        del sparse, swa
+        torch.cuda.empty_cache()
+
+
+def backward_table(head_dims: list[int], caps: list[int], length: int) -> None:
+    """dq and dK/dV kernel time of one sequence's backward under each dK/dV register cap
+    (a launch option of the trainer's kernels: the values stay the same)."""
+    print(f"\n| head dim | dK/dV maxnreg | Sparse dq ms | Sparse dK/dV ms | SWA dq ms "
+          f"| SWA dK/dV ms | dK/dV regs/spills | ({length} tokens) |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---|---|")
+    for d in head_dims:
+        sparse, swa = backward_calls(length, d)
+        for cap in caps:
+            attention_bwd.DKV_LAUNCH.pop("maxnreg", None)
+            if cap:
+                attention_bwd.DKV_LAUNCH["maxnreg"] = cap
+            before = set(compiled(attention_bwd._attn_bwd_dkv))
+            cells = [f"{kernel_ms(f, (name,)):.3f}" for f in (sparse, swa)
+                     for name in ("_attn_bwd_dq", "_attn_bwd_dkv")]  # fmt: skip
+            regs = [f"{k.n_regs}/{k.n_spills}" for key, k in
+                    compiled(attention_bwd._attn_bwd_dkv).items() if key not in before]  # fmt: skip
+            print(f"| {d} | {cap or '-'} | " + " | ".join(cells) + f" | {', '.join(regs)} | |",
+                  flush=True)  # fmt: skip
+        del sparse, swa
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--split-sweep", action="store_true")
+    parser.add_argument("--contexts", default="4096", help="decode contexts of --split-sweep")
+    parser.add_argument("--backward", action="store_true", help="the trainer's backward kernels")
+    parser.add_argument("--dkv-maxnreg", default="0", help="dK/dV register caps (0: none)")
+    parser.add_argument("--length", type=int, default=32768, help="--backward's sequence")
+    parser.add_argument("--tile", type=int, default=T, help="query slots per program (prefill)")
     parser.add_argument("--maxnreg", type=int, default=0, help="cap registers at every dim")
     parser.add_argument(
         "--stages", type=int, default=0,
         help="software-pipeline stages of the forward (a launch option: the same bits)",
     )  # fmt: skip
     args = parser.parse_args()
+    global PREFILL_T
+    PREFILL_T = args.tile
     if not torch.cuda.is_available():
         sys.exit("bench_attention_walk needs a GPU (it reads the profiler's kernel times)")
     if args.maxnreg:
@@ -159,11 +225,14 @@ def main() -> None:
         attention_fwd.FORWARD_LAUNCH["num_stages"] = args.stages
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; softmax chunk "
           f"{attention_fwd.SOFTMAX_CHUNK}, {attention_fwd.CHUNKS_PER_OCTAVE} per octave; "
-          f"launch {attention_fwd.FORWARD_LAUNCH}")  # fmt: skip
+          f"launch {attention_fwd.FORWARD_LAUNCH}; prefill query tile {PREFILL_T}")  # fmt: skip
     dims = [int(x) for x in args.head_dims.split(",")]
-    if args.split_sweep:
+    if args.backward:
+        backward_table(dims, [int(x) for x in args.dkv_maxnreg.split(",")], args.length)
+    elif args.split_sweep:
         for d in dims:
-            split_table(d)
+            for ctx in (int(x) for x in args.contexts.split(",")):
+                split_table(d, ctx)
     else:
         walk_table(dims)
 

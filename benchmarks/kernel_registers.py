@@ -52,6 +52,13 @@ POINTERS = {
     ),  # fmt: skip
     **dict.fromkeys(("qk_scale", "sm_scale"), "fp32"),
 }
+# Strides a launch sees as multiples of 16 (Triton specialises them so): rows of heads x
+# head dim elements. The block table's, the bitmap's and a split part's per-head stride (its
+# chunk count) vary with the call.
+DIVISIBLE = (
+    "q_stride_n", "q_stride_h", "k_stride_r", "k_stride_g", "o_stride_n", "o_stride_h",
+    "p_stride_n", "gate_stride_n",
+)  # fmt: skip
 
 
 def geometry(d: int, sparse: bool) -> dict[str, object]:
@@ -82,7 +89,9 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
 def resources(label: str, d: int, sparse: bool, arch: int = 90) -> KernelResources:
     """What the kernel `label` of the table uses, compiled for sm_`arch` with its launch."""
     _, kernel, extra, launch = next(k for k in kernels(d) if k[0] == label)
-    return compile_resources(kernel, POINTERS, {**geometry(d, sparse), **extra}, launch, arch)
+    return compile_resources(
+        kernel, POINTERS, {**geometry(d, sparse), **extra}, launch, arch, DIVISIBLE
+    )
 
 
 def main() -> None:

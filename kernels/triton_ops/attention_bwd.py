@@ -79,7 +79,7 @@ def _attn_bwd_dq(
     delta = tl.load(DELTA + qrow * h_all + head, mask=present, other=0.0)
     for i in range(first, last):
         vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
             D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
@@ -198,7 +198,7 @@ def _block_mass(
     k_base = K + g * k_stride_g
     for i in range(first, last):
         c, kpos, vis, kneed = step_keys(
-            i, step_ids, qpos, present, qrow, g, 0, sel_bits, sb_stride_n, sb_stride_g,
+            i, step_ids, qpos, present, qrow, hi, g, 0, sel_bits, sb_stride_n, sb_stride_g,
             True, STEP, BLK,
         )  # fmt: skip
         k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)

@@ -15,7 +15,8 @@ Batch invariance (docs/ARCHITECTURE.md, "Numerics"), why it holds:
   a step in which a row sees nothing (a union step it did not select, a window step out of
   its reach) leaves its (m, l, acc) bitwise unchanged: max(m, -inf) = m, exp2(0) = 1,
   p = exp2(-inf) = 0 and acc * 1 + dot(0, v) = acc;
-- keys no row can see are not loaded (decode reads only what it needs) and are -inf.
+- a step loads every key before the tile's end (all written; `step_keys` says why not
+  only the visible ones); a key no row sees scores -inf, so p = 0 and p * v is a zero.
 So a token's output is the same in a decode step of any batch, in a chunked prefill and in
 the trainer's packed forward. m starts at -1e30 (finite), so the first visible step
 rescales the empty state by exp2(-1e30 - m) = 0 without producing a NaN.
@@ -65,8 +66,8 @@ NARROW_HEAD_MAX_REGISTERS = 168
 
 def forward_launch(head_dim: int) -> dict[str, int]:
     """The forward kernels' launch options for a head dim (the same in engine and trainer)."""
-    if next_pow2(head_dim) <= 64:
-        return {**FORWARD_LAUNCH, "maxnreg": NARROW_HEAD_MAX_REGISTERS}
+    if next_pow2(head_dim) <= 64:  # a cap set in FORWARD_LAUNCH (a benchmark's sweep) wins
+        return {"maxnreg": NARROW_HEAD_MAX_REGISTERS, **FORWARD_LAUNCH}
     return dict(FORWARD_LAUNCH)
 
 
@@ -236,12 +237,18 @@ def query_tile(
 
 @triton.jit
 def step_keys(
-    i, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n, sb_stride_g,
+    i, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
     SPARSE: tl.constexpr, STEP: tl.constexpr, BLK: tl.constexpr,
 ):  # fmt: skip
     """Step `i` of a query tile's walk (a CSR slot, sparse; an aligned step index, SWA):
     the step c, its STEP key positions, which row sees which key (M, STEP), and which keys
-    any row sees (STEP,): the only ones loaded."""
+    are loaded (STEP,): those before `hi`, the tile's end, all of them written.
+
+    Why not only the keys some row sees: that mask needs the selection bitmap's word, so
+    the K/V loads would wait on a load that waits on the step id, three dependent loads per
+    step that the software pipeline cannot overlap (Triton left the page-row and K/V loads
+    synchronous). Keyed on `hi`, the loads depend on the step id alone. A loaded key no row
+    sees changes no value: its score is masked to -inf, p = 0, and p * v is a zero."""
     if SPARSE:
         c = tl.load(step_ids + i)
     else:
@@ -251,13 +258,13 @@ def step_keys(
         qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK,
         STEP,
     )  # fmt: skip
-    kneed = tl.max(vis.to(tl.int32), axis=0) > 0
+    kneed = kpos < hi
     return c, kpos, vis, kneed
 
 
 @triton.jit
 def visible_step(
-    i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+    i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
     sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
     D: tl.constexpr, STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
@@ -266,7 +273,7 @@ def visible_step(
     (vis, k, v, s), s = q k^T * qk_scale for every row and key (keys a row does not see are
     the caller's to mask with `vis`; keys no row sees are zeros, never read)."""
     _, kpos, vis, kneed = step_keys(
-        i, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n, sb_stride_g,
+        i, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
         SPARSE, STEP, BLK,
     )  # fmt: skip
     k_base, v_base = K + g * k_stride_g, V + g * k_stride_g
@@ -382,7 +389,7 @@ def _attn_fwd(
             mc, lc, accc = fresh_state(T * G, DP)
             chunk = c_chunk
         vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
             D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
         mc, lc, accc = fold_step(mc, lc, accc, vis, v, s, PRECISION, UPCAST)

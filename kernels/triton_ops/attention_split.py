@@ -92,7 +92,7 @@ def _attn_fwd_part(
     m, denom, acc = fresh_state(T * G, DP)
     for i in range(a, b):
         vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, g, window, sel_bits, sb_stride_n,
+            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
             D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
         m, denom, acc = fold_step(m, denom, acc, vis, v, s, PRECISION, UPCAST)

@@ -9,7 +9,10 @@ time is spent (the softmax chunks' second accumulator took `large`'s walk from t
 programs per SM to two, +27% in prefill on the H200, and no CPU test saw it).
 
 Invariant: the compile runs in a child process without `TRITON_INTERPRET` (under the
-interpreter, kernels are not compilable objects); nothing is launched. The figures are this
+interpreter, kernels are not compilable objects); nothing is launched. Arguments are
+specialised as a launch specialises them: every pointer, and the integers the caller names
+(strides that are multiples of 16 at run time), divisible by 16. Without that, Triton cannot
+prove the K/V rows' loads vectorisable and leaves them unpipelined, a different kernel. The figures are this
 Triton version's; a device with another version may allocate a few registers differently.
 """
 
@@ -48,12 +51,17 @@ def compile_resources(
     constexprs: dict[str, Any],
     options: dict[str, int],
     arch: int = 90,
+    divisible: tuple[str, ...] = (),
 ) -> KernelResources:
     """Resources of `kernel` ("module:name" of a `@triton.jit` function) compiled for
     sm_`arch` with launch `options` (num_warps, num_stages, maxnreg). `types` gives each
     runtime argument's Triton type ("*bf16", "i32", "fp32", ...; unnamed ones are "i32");
-    `constexprs` the compile-time ones."""
-    request = {"kernel": kernel, "types": types, "constexprs": constexprs, "options": options}
+    `constexprs` the compile-time ones; `divisible` the integer arguments a launch would see
+    as multiples of 16 (pointers always are)."""
+    request = {
+        "kernel": kernel, "types": types, "constexprs": constexprs, "options": options,
+        "divisible": list(divisible),
+    }  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the GPU's default; silences a warning
     done = subprocess.run(
@@ -83,10 +91,16 @@ def _compile_in_this_process(request: dict[str, Any], arch: int) -> KernelResour
     signature = {
         a: "constexpr" if a in consts else request["types"].get(a, "i32") for a in fn.arg_names
     }
+    aligned = set(request["divisible"])
     src = ASTSource(
         fn=fn,
         signature=signature,
         constexprs={(fn.arg_names.index(a),): v for a, v in consts.items()},
+        attrs={
+            (i,): [["tt.divisibility", 16]]
+            for i, a in enumerate(fn.arg_names)
+            if a not in consts and (signature[a].startswith("*") or a in aligned)
+        },
     )
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=request["options"])
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

@@ -44,6 +44,15 @@ def paged_case(
     rows = n_pages * page
     k = torch.randn(rows, hkv, d, generator=g).to(dtype)
     v = torch.randn(rows, hkv, d, generator=g).to(dtype)
+    # Rows that hold no written position (spare pages, the ends of last pages) are NaN, as a
+    # freed page may hold anything: a kernel that reads one (a key past the tile's end, a
+    # page past the sequence) turns an output into NaN, even where a mask zeroes its weight.
+    written = torch.zeros(rows, dtype=torch.bool)
+    for s, n in enumerate(lengths):
+        pos = torch.arange(n)
+        written[table[s, pos // page].long() + pos % page] = True
+    k[~written] = float("nan")
+    v[~written] = float("nan")
     bkeys = torch.randn(rows // block, idx, generator=g)
     return PagedCase(
         lengths,
