@@ -209,14 +209,15 @@ def main() -> None:
     parser.add_argument("--dkv-maxnreg", default="0", help="dK/dV register caps (0: none)")
     parser.add_argument("--length", type=int, default=32768, help="--backward's sequence")
     parser.add_argument("--tile", type=int, default=T, help="query slots per program (prefill)")
+    parser.add_argument("--sparse-step", type=int, default=16, help="Sparse GQA keys per step")
     parser.add_argument("--maxnreg", type=int, default=0, help="cap registers at every dim")
     parser.add_argument(
         "--stages", type=int, default=0,
         help="software-pipeline stages of the forward (a launch option: the same bits)",
     )  # fmt: skip
     args = parser.parse_args()
-    global PREFILL_T
-    PREFILL_T = args.tile
+    global PREFILL_T, SPARSE_STEP
+    PREFILL_T, SPARSE_STEP = args.tile, args.sparse_step
     if not torch.cuda.is_available():
         sys.exit("bench_attention_walk needs a GPU (it reads the profiler's kernel times)")
     if args.maxnreg:
@@ -225,7 +226,8 @@ def main() -> None:
         attention_fwd.FORWARD_LAUNCH["num_stages"] = args.stages
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; softmax chunk "
           f"{attention_fwd.SOFTMAX_CHUNK}, {attention_fwd.CHUNKS_PER_OCTAVE} per octave; "
-          f"launch {attention_fwd.FORWARD_LAUNCH}; prefill query tile {PREFILL_T}")  # fmt: skip
+          f"launch {attention_fwd.FORWARD_LAUNCH}; prefill query tile {PREFILL_T}; "
+          f"Sparse GQA step {SPARSE_STEP}")  # fmt: skip
     dims = [int(x) for x in args.head_dims.split(",")]
     if args.backward:
         backward_table(dims, [int(x) for x in args.dkv_maxnreg.split(",")], args.length)

@@ -57,11 +57,13 @@ NEG_INIT = tl.constexpr(-1.0e30)
 # Launch options of the forward. Engine and trainer launch it alike (a program's reductions
 # follow its layout, which the warp count sets), so they depend on the head dim only.
 FORWARD_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
-# Registers per thread at head dims up to 64: the chunk state (a second accumulator) took the
-# single walk to 180-222 registers, two programs per SM, +29% at 32K Sparse GQA prefill on the
-# H200; at 168 three fit, with no spill (14.2 ms against 13.7 ms before the chunks). At 128
-# the walk needs ~255 either way (168 spilled, 9-44% slower).
-NARROW_HEAD_MAX_REGISTERS = 168
+# Registers per thread at head dims up to 64: uncapped, the walk (with the chunk state, a
+# second accumulator) took 180-222 registers, two programs per SM. With its loads keyed on
+# the tile's end it fits 128 without spilling: four programs per SM, 32K Sparse GQA prefill
+# 9.68 -> 8.63 ms against a cap of 168 on the H200 (SWA -9%; the single-walk decode at 64 x
+# 128K +5%, which the split walk serves up to 512 programs). At head dim 128 the walk needs
+# ~230-255 either way (a cap of 168 spilled, 9-44% slower).
+NARROW_HEAD_MAX_REGISTERS = 128
 
 
 def forward_launch(head_dim: int) -> dict[str, int]:

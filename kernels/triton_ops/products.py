@@ -75,9 +75,10 @@ def cublas_column(x: Tensor, w: Tensor) -> Tensor:
     return y if y.shape[1] == n else y[:, :n].contiguous()
 
 
-def cublas_swiglu(x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+def cublas_swiglu(x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
+    """`w13`: [w1; w3] already concatenated (an inference cache), else concatenated here."""
     h = w1.shape[0]
-    a13 = cublas_column(x, torch.cat([w1, w3]))
+    a13 = cublas_column(x, w13 if w13 is not None else torch.cat([w1, w3]))
     return silu_mul(a13[:, :h], a13[:, h:])
 
 
@@ -146,7 +147,9 @@ class TritonProducts:
     def column(self, x: Tensor, w: Tensor) -> Tensor:
         return lin.linear_fwd(x, w)
 
-    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
+        """`w13`: [w1; w3], where the caller holds it concatenated (products over it need
+        no per-call concatenation); the same values, so the same bits."""
         return lin.swiglu_fwd(x, w1, w3)
 
     def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
@@ -171,9 +174,9 @@ class InvariantProducts(TritonProducts):
             return cublas_column(x, w)
         return super().column(x, w)
 
-    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
+    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
         if _holds("column", (2 * w1.shape[0], w1.shape[1]), w1.dtype, w1.device):
-            return cublas_swiglu(x, w1, w3)
+            return cublas_swiglu(x, w1, w3, w13)
         return super().swiglu(x, w1, w3)
 
     def grouped_swiglu(
@@ -190,8 +193,8 @@ class PlainProducts(TritonProducts):
     def column(self, x: Tensor, w: Tensor) -> Tensor:
         return F.linear(x.to(w.dtype), w)
 
-    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
-        return cublas_swiglu(x, w1, w3)
+    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
+        return cublas_swiglu(x, w1, w3, w13)
 
     def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
         return F.linear(x.to(w.dtype), w).float()

@@ -29,15 +29,23 @@ from rlsys.kernels.dispatch import use_triton
 from rlsys.kernels.tp import RowParallel
 from rlsys.model.attention import init_weight
 from rlsys.model.aux import AuxLosses
+from rlsys.model.fused_weights import FusedWeight
 from rlsys.model.routing import Routing, RoutingRecorder, RoutingReplay
 
 
-def swiglu_hidden(x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
-    """silu(x w1^T) * (x w3^T) in the weights' dtype."""
+def swiglu_hidden(x: Tensor, w1: Tensor, w3: Tensor, w13: FusedWeight | None = None) -> Tensor:
+    """silu(x w1^T) * (x w3^T) in the weights' dtype. `w13`: the cached [w1; w3] that an
+    inference forward reads instead of concatenating the weights at every call (a copy of
+    both per block and decode step); the product is the same, so are its bits."""
     if use_triton(x):
         from rlsys.kernels.triton_ops.autograd import SwiGLU as SwiGLUKernel
 
-        return SwiGLUKernel.apply(x.reshape(-1, x.shape[-1]), w1, w3)
+        rows = x.reshape(-1, x.shape[-1])
+        if w13 is not None and not fused.needs_grad(x, w1, w3):
+            from rlsys.kernels.triton_ops.products import products
+
+            return products().swiglu(rows, w1, w3, w13.get([w1, w3]))
+        return SwiGLUKernel.apply(rows, w1, w3)
     return kernels.silu(kernels.linear(x, w1)) * kernels.linear(x, w3)
 
 
@@ -51,10 +59,19 @@ class SwiGLU(nn.Module):
         self.w3 = init_weight((hidden, d), std, dtype)
         self.w2 = init_weight((d, hidden), out_std, dtype)
         self.row_parallel = RowParallel()
+        self._w13 = FusedWeight(1)  # [w1; w3] for inference (no padding: halves at `hidden`)
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """silu(x w1^T) * (x w3^T), (rows, hidden) on the Triton path."""
+        return swiglu_hidden(x, self.w1, self.w3, self._w13)
 
     def partial(self, x: Tensor) -> Tensor:
         """This TP rank's subtotal of the output (the whole output at TP=1)."""
-        return self.row_parallel.partial(swiglu_hidden(x, self.w1, self.w3), self.w2)
+        return self.row_parallel.partial(self.hidden(x), self.w2)
+
+    def refresh_fused(self) -> None:
+        """Bring the cached [w1; w3] up to date (before a CUDA-graph replay)."""
+        self._w13.refresh([self.w1, self.w3])
 
     def forward(self, x: Tensor) -> Tensor:
         return self.row_parallel.reduce(self.partial(x))
@@ -123,6 +140,11 @@ class MoE(nn.Module):
         shared = self.shared.partial(x) if self.shared is not None else None
         return Combine.apply(residual, ys, inverse.view(idx.shape), gates, shared)
 
+    def refresh_fused(self) -> None:
+        """Bring the shared expert's cached weight up to date (before a CUDA-graph replay)."""
+        if self.shared is not None:
+            self.shared.refresh_fused()
+
     def _fusable(self, x: Tensor, routing: Routing | None) -> bool:
         from rlsys.kernels.triton_ops.moe_route import RANK_MAX
 
@@ -166,7 +188,7 @@ class MoE(nn.Module):
         shared = None
         if self.shared is not None:  # `SwiGLU.partial`, its down projection's chunks unreduced
             sw = self.shared
-            shared = swiglu_hidden(x, sw.w1, sw.w3)
+            shared = sw.hidden(x)
             if partials and triton_computes("row_tree", sw.w2):
                 shared = partial_products(shared, sw.w2, sw.row_parallel.chunks)
             else:

@@ -155,6 +155,7 @@ class Transformer(nn.Module):
         (eager forwards check on their own)."""
         for block in self.blocks:
             block.attn.refresh_fused()
+            block.ffn.refresh_fused()
 
     # ---- trainer: full sequences --------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The attention forward compiled for the H200's architecture (sm_90) on this machine:
 at the models' narrow head dim (64, `large`), under the launch options engine and trainer
 use (`forward_launch`), the single walk and the split walk keep their values in registers
-(at most a few spilled values) within the cap that fits three programs per SM.
+(at most a few spilled values) within the cap that fits four programs per SM.
 
 Why on the CPU: a register regression costs occupancy, not correctness, and no interpreter
 test sees it (the softmax chunks' second accumulator cost `large`'s 32K prefill +27% on the
@@ -22,7 +22,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
 
 # Spilled stack tolerated under the cap: a few values (none under Triton 3.9 with the
 # launch's specialisation). A second accumulator's worth of state is hundreds of bytes: with
-# the query tile doubled (twice the rows' state) the walk spills 232 bytes (tried).
+# the query tile doubled (twice the rows' state) the walk spills 408 bytes (tried).
 MAX_SPILL_BYTES = 32
 KERNELS = {"walk": "forward walk", "part": "split part"}  # rows of the benchmark's table
 
