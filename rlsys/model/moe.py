@@ -261,14 +261,18 @@ class MoE(nn.Module):
         return ys, inverse
 
     def _per_expert(self, x_sorted: Tensor, counts: list[int]) -> Tensor:
-        outs, start = [], 0
-        for e, count in enumerate(counts):
-            if count:
-                rows = x_sorted[start : start + count]
-                hidden = swiglu_hidden(rows, self.w1[e], self.w3[e])
-                outs.append(self.row_parallel.partial(hidden, self.w2[e]))
-            start += count
-        return torch.cat(outs, dim=0)
+        """The reference path: every expert's SwiGLU and down projection on its sorted rows,
+        all experts in one call per product (`kernels.reference_grouped`: bitwise the
+        per-expert `swiglu_hidden` and `row_parallel.partial`)."""
+        from rlsys.kernels import reference_grouped as rg
+
+        tiles = rg.ExpertTiles.of(counts, x_sorted.device)
+        x = tiles.pad(x_sorted)
+        hidden = kernels.silu(rg.grouped_linear(x, self.w1, tiles)) * rg.grouped_linear(
+            x, self.w3, tiles
+        )
+        y = rg.grouped_row_partial(hidden, self.w2, tiles, self.row_parallel.chunks)
+        return tiles.unpad(y)
 
     def _grouped(self, x_sorted: Tensor, counts: Tensor) -> Tensor:
         from rlsys.kernels.triton_ops.autograd import GroupedSwiGLU, GroupedTree

@@ -66,13 +66,73 @@ class GatedSlidingWindowAttention(nn.Module):
 
             out = swa_attention(self.cfg, self.kind_index, self.proj.scale, q, k, v, caches)
             return self.proj.gated_output(gate, out)
-        outs = [
-            self._attend(
-                q[s.row : s.row + s.n], k[s.row : s.row + s.n], v[s.row : s.row + s.n], s.pos, cache
+        # decode rows (one query per sequence) of a step without autograd: one call for all
+        decode = [i for i, s in enumerate(spans) if s.n == 1] if not torch.is_grad_enabled() else []
+        outs: list[Tensor | None] = [None] * len(spans)
+        if len(decode) > 1:
+            together = self._attend_decode(
+                q, k, v, [spans[i] for i in decode], [caches[i] for i in decode]
             )
-            for s, cache in zip(spans, caches, strict=True)
-        ]
-        return self.proj.gated_output(gate, torch.cat(outs, dim=0))
+            for j, i in enumerate(decode):
+                outs[i] = together[j : j + 1]
+        for i, (s, cache) in enumerate(zip(spans, caches, strict=True)):
+            if outs[i] is None:
+                rows = slice(s.row, s.row + s.n)
+                outs[i] = self._attend(q[rows], k[rows], v[rows], s.pos, cache)
+        return self.proj.gated_output(gate, torch.cat(outs, dim=0))  # type: ignore[arg-type]
+
+    def _attend_decode(
+        self, q: Tensor, k: Tensor, v: Tensor, spans: list[SeqSpan], caches: list[SlidingKVCache]
+    ) -> Tensor:
+        """Decode rows (one query per sequence, in span order) -> (B, H, D): every
+        sequence's tile in one `block_attention` call. Each item is the one `_attend` builds for that
+        sequence alone (its query at its row of the tile, its window's key blocks, its
+        visibility), and items do not see each other, so the bits are `_attend`'s."""
+        cfg = self.cfg
+        tile, u, hkv, d = cfg.swa_tile, cfg.swa_blocks_per_tile, cfg.n_kv_groups, cfg.head_dim
+        b, dev = len(spans), q.device
+        kbufs, vbufs = [], []
+        for s, cache in zip(spans, caches, strict=True):
+            cache.append(k[s.row : s.row + 1], v[s.row : s.row + 1])
+            j = s.pos // tile
+            base, end = (j - (u - 1)) * tile, (j + 1) * tile
+            kbufs.append(_window(cache.k, cache.start, base, end))
+            vbufs.append(_window(cache.v, cache.start, base, end))
+            cache.trim_before(keep_from(cfg, s.pos + 1))
+
+        def blocks(bufs: list[Tensor]) -> Tensor:  # (B * Hkv, U, tile, D)
+            return (
+                torch.stack(bufs)
+                .view(b, u, tile, hkv, d)
+                .permute(0, 3, 1, 2, 4)
+                .reshape(b * hkv, u, tile, d)
+            )
+
+        pos = torch.tensor([s.pos for s in spans], device=dev)
+        rows = torch.tensor([s.row for s in spans], device=dev)
+        q_items = rows_to_items(q[rows], torch.arange(b, device=dev), pos % tile, b, tile, hkv)
+        g = cfg.n_heads // hkv
+        visible = self._visible_decode(pos)
+        vis = visible[:, None, :, None].expand(b, hkv, tile, g, u, tile)
+        out, _ = kernels.block_attention(
+            q_items, blocks(kbufs), blocks(vbufs), vis.reshape(b * hkv, tile * g, u, tile),
+            self.proj.scale,
+        )  # fmt: skip
+        return items_to_rows(out, torch.arange(b, device=dev), pos % tile, b, tile, hkv)
+
+    def _visible_decode(self, pos: Tensor) -> Tensor:
+        """`_visible` of each sequence's own tile, one query at `pos` (B,): (B, Tq, U, S)."""
+        cfg = self.cfg
+        tile, u = cfg.swa_tile, cfg.swa_blocks_per_tile
+        ar = torch.arange(tile, device=pos.device)
+        first_tile = pos // tile
+        qp = (first_tile[:, None] * tile + ar)[:, :, None, None]  # (B, Tq, 1, 1)
+        first_block = first_tile - (u - 1)
+        blocks = first_block[:, None] + torch.arange(u, device=pos.device)  # (B, U)
+        kp = (blocks * tile)[:, :, None] + ar  # (B, U, S)
+        kp = kp[:, None, :, :]
+        present = qp == pos[:, None, None, None]
+        return (kp <= qp) & (kp > qp - cfg.swa_window) & (kp >= 0) & present
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, pos0: int, cache: SlidingKVCache) -> Tensor:
         cfg = self.cfg

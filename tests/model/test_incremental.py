@@ -48,6 +48,35 @@ def test_log_probs_do_not_depend_on_batch_composition() -> None:
     assert cb.length == 30 and ca.length == 30
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_batched_decode_step_gives_each_sequence_its_full_forward_bits(dtype: str) -> None:
+    """Sequences decoding together at different positions (one query each: the engine's
+    decode step, batched across sequences) past the SWA window and across tiles, beside
+    a sequence whose prompt arrives in chunks within the same steps."""
+    model = build(dtype)
+    lengths, prompts, chunks = [70, 41, 58, 64], [5, 30, 1, 13], [1, 1, 1, 13]
+    seqs = [torch.randint(0, model.cfg.vocab_size, (n,)) for n in lengths]
+    assert max(lengths) > model.cfg.swa_window + model.cfg.swa_tile
+    with torch.no_grad():
+        full = [model(s[None]).logits[0] for s in seqs]
+        caches = [model.new_cache() for _ in seqs]
+        done = list(prompts)
+        outs = [
+            [o]
+            for o in model.forward_step([s[:p] for s, p in zip(seqs, prompts, strict=True)], caches)
+        ]
+        while any(d < n for d, n in zip(done, lengths, strict=True)):
+            live = [i for i in range(len(seqs)) if done[i] < lengths[i]]
+            step = model.forward_step(
+                [seqs[i][done[i] : done[i] + chunks[i]] for i in live], [caches[i] for i in live]
+            )
+            for i, o in zip(live, step, strict=True):
+                outs[i].append(o)
+                done[i] += chunks[i]
+    for i in range(len(seqs)):
+        assert torch.equal(torch.cat(outs[i]), full[i]), i
+
+
 def test_sparse_layers_in_a_long_decode_select_fewer_blocks_than_exist() -> None:
     # k=8 tokens (4 blocks of 2) over 60 tokens: selection must matter and still match.
     model = build(sparse_topk=4)
