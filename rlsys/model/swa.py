@@ -85,9 +85,9 @@ class GatedSlidingWindowAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, spans: list[SeqSpan], caches: list[SlidingKVCache]
     ) -> Tensor:
         """Decode rows (one query per sequence, in span order) -> (B, H, D): every
-        sequence's tile in one `block_attention` call. Each item is the one `_attend` builds for that
-        sequence alone (its query at its row of the tile, its window's key blocks, its
-        visibility), and items do not see each other, so the bits are `_attend`'s."""
+        sequence's tile in one `block_attention` call. Each item is the one `_attend` builds
+        for that sequence alone (its query at its row of the tile, its window's key blocks,
+        its visibility), and items do not see each other, so the bits are `_attend`'s."""
         cfg = self.cfg
         tile, u, hkv, d = cfg.swa_tile, cfg.swa_blocks_per_tile, cfg.n_kv_groups, cfg.head_dim
         b, dev = len(spans), q.device
