@@ -3,18 +3,20 @@
 Usage (GPU machine, repository root):
     python benchmarks/bench_attention_walk.py                  # single walk, head dims 64, 128
     python benchmarks/bench_attention_walk.py --split-sweep    # single vs split walk, 4K decode
-    python benchmarks/bench_attention_walk.py --maxnreg 168    # a register cap for every dim
+    python benchmarks/bench_attention_walk.py --maxnreg 128    # a register cap for every dim
     python benchmarks/bench_attention_walk.py --stages 4       # deeper load pipelining
     python benchmarks/bench_attention_walk.py --split-sweep --contexts 4096,131072
     python benchmarks/bench_attention_walk.py --backward --dkv-maxnreg 0,168,200  # trainer
 
 Times are the attention kernels' own GPU time per call (`bench_attention.kernel_ms`: the
-profiler; event timing of an eager decode-sized call measures the host). Shapes: 16 query heads, 4 KV groups, bf16; Sparse GQA
-B = 8, k = 4,096 (512 blocks), 16-key steps; SWA window 512, 32-key steps; decode rows at
-position context - 1 in a paged pool (random pages); prefill one 32K sequence with
+profiler; event timing of an eager decode-sized call measures the host). Shapes: 16 query
+heads, 4 KV groups, bf16; Sparse GQA B = 8, k = 4,096 (512 blocks), 16-key steps
+(`--sparse-step`); SWA window 512, 32-key steps; decode rows at position context - 1 in a
+paged pool (random pages); prefill one 32K sequence (`--tile` slots per program) with
 index queries correlated over 64-token spans (adjacent queries share most of their
-top-k). The registers per thread and spills of the single-walk kernel are Triton's.
-For a before/after, run it from a `git archive` of the other commit.
+top-k); `--backward` times dq and dK/dV of that sequence. The registers per thread and
+spills of the single-walk kernel are Triton's. For a before/after, run it from a
+`git archive` of the other commit.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ Invariant: the compile runs in a child process without `TRITON_INTERPRET` (under
 interpreter, kernels are not compilable objects); nothing is launched. Arguments are
 specialised as a launch specialises them: every pointer, and the integers the caller names
 (strides that are multiples of 16 at run time), divisible by 16. Without that, Triton cannot
-prove the K/V rows' loads vectorisable and leaves them unpipelined, a different kernel. The figures are this
-Triton version's; a device with another version may allocate a few registers differently.
+prove the K/V rows' loads vectorisable and leaves them unpipelined: a different kernel. The
+figures are this Triton version's; a device with another version may allocate a few
+registers differently.
 """
 
 from __future__ import annotations
