@@ -71,8 +71,9 @@ def timed(fn: Callable[[], object], reps: int) -> float:
 
 def kernel_ms(fn: Callable[[], object], prefixes: tuple[str, ...] = ("",)) -> float:
     """GPU milliseconds per call of the kernels whose names start with one of `prefixes`
-    (every kernel by default; torch.profiler, 10 calls after 3 warm-ups): an eager call of a decode-sized kernel
-    spends more on launches than on the GPU, so event timing measures the host."""
+    (every kernel by default; torch.profiler, 10 calls after 3 warm-ups): an eager call of a
+    decode-sized kernel spends more on launches than on the GPU, so event timing measures
+    the host."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):

@@ -55,20 +55,28 @@ PREFILL_T = T
 ONE_WALK = {"split": False} if "split" in inspect.signature(attention_forward).parameters else {}
 
 
+def selection(
+    qi: torch.Tensor, bk: torch.Tensor, tiles: QueryTiles, bkt: PagedKV
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Sparse GQA selection of these rows as the attention kernels take it: (step
+    offsets, step ids, selection bitmap)."""
+    sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=KSEL, block=B, precision="tf32")
+    off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    return off, ids, sel.bits
+
+
 def forward_pair(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: QueryTiles, kv: PagedKV,
     qi: torch.Tensor, bk: torch.Tensor, bkt: PagedKV,
 ) -> tuple[Callable, Callable]:  # fmt: skip
     """(sparse, swa): the forward over these rows, Sparse GQA (its selection made here,
     once) and SWA; each takes `attention_forward`'s keyword options."""
-    sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=KSEL, block=B, precision="tf32")
-    off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    csr = selection(qi, bk, tiles, bkt)
     scale = 1 / math.sqrt(q.shape[-1])
 
     def sparse(**kw: object) -> object:
         return attention_forward(
-            q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(off, ids, sel.bits),
-            block=B, **kw,
+            q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=csr, block=B, **kw,
         )  # fmt: skip
 
     def swa(**kw: object) -> object:
@@ -118,8 +126,7 @@ def backward_calls(length: int, d: int) -> tuple[Callable, Callable]:
     """(sparse, swa) backward calls (dq, dK/dV) over one packed sequence of `length` tokens,
     at the forward's output and LSE."""
     q, k, v, tiles, kv, qi, bk, bkt = prefill_inputs(length, d)
-    sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=KSEL, block=B, precision="tf32")
-    off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
+    csr = selection(qi, bk, tiles, bkt)
     scale = 1 / math.sqrt(d)
     do = torch.randn_like(q)
 
@@ -129,7 +136,7 @@ def backward_calls(length: int, d: int) -> tuple[Callable, Callable]:
             do, q, k, v, out, lse, tiles, kv, [length], scale=scale, step=step, **kw
         )
 
-    sparse = call(SPARSE_STEP, sparse=(off, ids, sel.bits), block=B)
+    sparse = call(SPARSE_STEP, sparse=csr, block=B)
     return sparse, call(SWA_STEP, window=WINDOW)
 
 
@@ -203,6 +210,7 @@ def backward_table(head_dims: list[int], caps: list[int], length: int) -> None:
 
 
 def main() -> None:
+    global PREFILL_T, SPARSE_STEP
     parser = argparse.ArgumentParser()
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--split-sweep", action="store_true")
@@ -210,15 +218,18 @@ def main() -> None:
     parser.add_argument("--backward", action="store_true", help="the trainer's backward kernels")
     parser.add_argument("--dkv-maxnreg", default="0", help="dK/dV register caps (0: none)")
     parser.add_argument("--length", type=int, default=32768, help="--backward's sequence")
-    parser.add_argument("--tile", type=int, default=T, help="query slots per program (prefill)")
-    parser.add_argument("--sparse-step", type=int, default=16, help="Sparse GQA keys per step")
+    parser.add_argument(
+        "--tile", type=int, default=PREFILL_T, help="query slots per program (prefill)"
+    )
+    parser.add_argument(
+        "--sparse-step", type=int, default=SPARSE_STEP, help="Sparse GQA keys per step"
+    )
     parser.add_argument("--maxnreg", type=int, default=0, help="cap registers at every dim")
     parser.add_argument(
         "--stages", type=int, default=0,
         help="software-pipeline stages of the forward (a launch option: the same bits)",
     )  # fmt: skip
     args = parser.parse_args()
-    global PREFILL_T, SPARSE_STEP
     PREFILL_T, SPARSE_STEP = args.tile, args.sparse_step
     if not torch.cuda.is_available():
         sys.exit("bench_attention_walk needs a GPU (it reads the profiler's kernel times)")

@@ -273,7 +273,7 @@ def visible_step(
 ):  # fmt: skip
     """Step `i` of the walk, loaded, as the forward and the dq backward both take it:
     (vis, k, v, s), s = q k^T * qk_scale for every row and key (keys a row does not see are
-    the caller's to mask with `vis`; keys no row sees are zeros, never read)."""
+    the caller's to mask with `vis`; keys at or past the tile's end are zeros, never read)."""
     _, kpos, vis, kneed = step_keys(
         i, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
         SPARSE, STEP, BLK,

@@ -41,7 +41,7 @@ def swiglu_hidden(x: Tensor, w1: Tensor, w3: Tensor, w13: FusedWeight | None = N
         from rlsys.kernels.triton_ops.autograd import SwiGLU as SwiGLUKernel
 
         rows = x.reshape(-1, x.shape[-1])
-        if w13 is not None and not fused.needs_grad(x, w1, w3):
+        if w13 is not None and fused.fusable(x, w1, w3):
             from rlsys.kernels.triton_ops.products import products
 
             return products().swiglu(rows, w1, w3, w13.get([w1, w3]))

@@ -112,27 +112,13 @@ class GatedSlidingWindowAttention(nn.Module):
         rows = torch.tensor([s.row for s in spans], device=dev)
         q_items = rows_to_items(q[rows], torch.arange(b, device=dev), pos % tile, b, tile, hkv)
         g = cfg.n_heads // hkv
-        visible = self._visible_decode(pos)
+        visible = self._visible(pos // tile, pos, pos + 1)
         vis = visible[:, None, :, None].expand(b, hkv, tile, g, u, tile)
         out, _ = kernels.block_attention(
             q_items, blocks(kbufs), blocks(vbufs), vis.reshape(b * hkv, tile * g, u, tile),
             self.proj.scale,
         )  # fmt: skip
         return items_to_rows(out, torch.arange(b, device=dev), pos % tile, b, tile, hkv)
-
-    def _visible_decode(self, pos: Tensor) -> Tensor:
-        """`_visible` of each sequence's own tile, one query at `pos` (B,): (B, Tq, U, S)."""
-        cfg = self.cfg
-        tile, u = cfg.swa_tile, cfg.swa_blocks_per_tile
-        ar = torch.arange(tile, device=pos.device)
-        first_tile = pos // tile
-        qp = (first_tile[:, None] * tile + ar)[:, :, None, None]  # (B, Tq, 1, 1)
-        first_block = first_tile - (u - 1)
-        blocks = first_block[:, None] + torch.arange(u, device=pos.device)  # (B, U)
-        kp = (blocks * tile)[:, :, None] + ar  # (B, U, S)
-        kp = kp[:, None, :, :]
-        present = qp == pos[:, None, None, None]
-        return (kp <= qp) & (kp > qp - cfg.swa_window) & (kp >= 0) & present
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, pos0: int, cache: SlidingKVCache) -> Tensor:
         cfg = self.cfg
@@ -171,24 +157,27 @@ class GatedSlidingWindowAttention(nn.Module):
         vb = vbuf.view(-1, tile, hkv, d)[block_ids].permute(0, 3, 1, 2, 4).reshape(-1, u, tile, d)
         q_items = rows_to_items(q, tile_of_row, offset, n_tiles, tile, hkv)
         g = cfg.n_heads // hkv
-        visible = self._visible(first_tile, n_tiles, lo, m, dev)
+        visible = self._visible(first_tile + torch.arange(n_tiles, device=dev), lo, lo + m)
         vis = visible[:, None, :, None].expand(n_tiles, hkv, tile, g, u, tile)
         out, _ = kernels.block_attention(
             q_items, kb, vb, vis.reshape(n_tiles * hkv, tile * g, u, tile), self.proj.scale
         )
         return items_to_rows(out, tile_of_row, offset, n_tiles, tile, hkv)
 
-    def _visible(self, first_tile: int, n_tiles: int, lo: int, m: int, dev: torch.device) -> Tensor:
-        """(tiles, Tq, U, S) bool: key within (t - W, t], key >= 0, query in [lo, lo + m)."""
+    def _visible(self, tiles: Tensor, lo: Tensor | int, hi: Tensor | int) -> Tensor:
+        """(tiles, Tq, U, S) bool for query tiles `tiles` (absolute tile indices) and their
+        key blocks: key within (t - W, t], key >= 0, query in [lo, hi) (per tile, or one
+        range for all)."""
         cfg = self.cfg
         tile, u = cfg.swa_tile, cfg.swa_blocks_per_tile
-        ar = torch.arange(tile, device=dev)
-        tiles = torch.arange(n_tiles, device=dev)
-        qpos = (first_tile + tiles)[:, None] * tile + ar[None, :]  # (tiles, Tq)
-        first_block = first_tile - (u - 1)
-        kpos = ((first_block + tiles[:, None] + torch.arange(u, device=dev)) * tile)[..., None] + ar
+        ar = torch.arange(tile, device=tiles.device)
+        qpos = tiles[:, None] * tile + ar[None, :]  # (tiles, Tq)
+        blocks = (tiles - (u - 1))[:, None] + torch.arange(u, device=tiles.device)  # (tiles, U)
+        kpos = (blocks * tile)[..., None] + ar  # (tiles, U, S)
         qp, kp = qpos[:, :, None, None], kpos[:, None, :, :]
-        present = (qp >= lo) & (qp < lo + m)
+        if isinstance(lo, Tensor):
+            lo, hi = lo[:, None, None, None], hi[:, None, None, None]  # type: ignore[index]
+        present = (qp >= lo) & (qp < hi)
         return (kp <= qp) & (kp > qp - cfg.swa_window) & (kp >= 0) & present
 
 
