@@ -19,12 +19,18 @@ engine's default) captures every graph of the ladder when the runner is built: t
 the dense projections through cuBLAS (`F.linear`: free reductions, the anchor of the
 invariance tax; experts and attention keep their kernels), `invariant` the engine's own.
 `--count` prints the kernel launches of one decode forward (graph rows), per block.
+`--overlap on,off`: graph rows with decode steps queued ahead on the device (the engine's
+default) and without (step by step). `--host-profile N` prints, after each row, the N functions that took the most host time
+(cProfile; by own, then by cumulative time) over its timed decode steps: where the host
+share goes (use `--capture start`, or the steps that capture a graph fill the profile).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -40,6 +46,7 @@ from rlsys.config.model import ModelConfig, preset  # noqa: E402
 from rlsys.config.sampling import SamplingConfig  # noqa: E402
 from rlsys.engine.api import GenerationRequest  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
+from rlsys.engine.runner import LaunchedStep  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
@@ -67,13 +74,13 @@ def step_bytes(model: Transformer, batch: int, context: int) -> float:
 
 def make(  # noqa: ANN201
     model: Transformer, batch: int, prompt: int, args: argparse.Namespace, tp: int, reduce: str,
-    graphs: bool,
+    graphs: bool, overlap: bool = True,
 ):  # fmt: skip
     ecfg = EngineConfig(
         max_running=batch, max_context_tokens=prompt + args.gen + 8, device="cuda",
         max_step_tokens=max(batch, 8192), prefix_cache_tokens=0, tp=tp,
         tp_backend="nccl" if tp > 1 else "threads", cuda_graphs=graphs,
-        cuda_graph_capture=args.capture,
+        cuda_graph_capture=args.capture, overlap_decode=overlap,
     )  # fmt: skip
     if tp > 1:
         runner = DistTPRunner(model.cfg, model.state_dict(), tp, "nccl", ecfg.kv_pages(), reduce)
@@ -104,8 +111,16 @@ def count_forward(cfg: ModelConfig, runner, core: EngineCore) -> None:  # noqa: 
 
 
 def run(
-    model: Transformer, batch: int, prompt_len: int, runner, ecfg, gen: int, count: bool = False
+    model: Transformer,
+    batch: int,
+    prompt_len: int,
+    runner,
+    ecfg,
+    gen: int,
+    count: bool = False,
+    host: cProfile.Profile | None = None,
 ) -> dict[str, float]:  # noqa: ANN001
+    """Decode `gen` tokens for `batch` requests; `host` profiles the timed decode steps."""
     core = EngineCore(model.cfg, ecfg, runner)
     g = torch.Generator().manual_seed(0)
     params = SamplingConfig(max_tokens_per_turn=gen)
@@ -127,7 +142,7 @@ def run(
 
     # the GPU time of each graph replay (events around it): the step's device time
     replays: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-    device_ms: list[float] = []
+    timed_replays: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = []
     orig_replay = torch.cuda.CUDAGraph.replay
 
     def timed_replay(graph: torch.cuda.CUDAGraph) -> None:
@@ -140,22 +155,23 @@ def run(
     torch.cuda.CUDAGraph.replay = timed_replay  # type: ignore[method-assign]
     orig_launch = getattr(runner, "launch", None)
 
-    def timed_launch(keys, chunks, sampling=None):  # noqa: ANN001, ANN202
+    def timed_launch(keys, chunks, sampling=None, fed=None):  # noqa: ANN001, ANN202
         # a graph step: from its launch to its results (the host's records of the previous
-        # step run in between, overlapping the GPU)
+        # step run in between, overlapping the GPU; with overlap, its results are read in
+        # the next engine step, after the step behind it is queued)
         assert orig_launch is not None
         t0 = time.perf_counter()
-        collect = orig_launch(keys, chunks, sampling)
-        if collect is None:
+        launched = orig_launch(keys, chunks, sampling, fed)
+        if launched is None:
             return None
 
         def timed_collect():  # noqa: ANN202
             nonlocal forward_s
-            out = collect()
+            out = launched.collect()
             forward_s += time.perf_counter() - t0
             return out
 
-        return timed_collect
+        return LaunchedStep(timed_collect, launched.tokens)
 
     if orig_launch is not None:
         runner.launch = timed_launch  # type: ignore[method-assign]
@@ -164,8 +180,13 @@ def run(
         prefilling = any(s.num_generated == 0 for s in core.running) or core.waiting
         before = core.generated_tokens
         forward_before = forward_s
+        timed = not prefilling and not first_decode and host is not None
+        if timed:
+            host.enable()
         t0 = time.perf_counter()
         core.step()
+        if timed:
+            host.disable()
         if not prefilling and first_decode:  # compiles / captures: not timed
             first_decode, forward_s = False, forward_before
             if count:
@@ -175,8 +196,8 @@ def run(
             decode_s += step_times[-1]
             tokens += core.generated_tokens - before
             steps += 1
-            torch.cuda.synchronize()
-            device_ms.append(sum(a.elapsed_time(b) for a, b in replays))
+            # read after the run: a sync here would drain the step queued ahead (overlap)
+            timed_replays.append(list(replays))
         else:
             forward_s = forward_before
         replays.clear()
@@ -184,7 +205,8 @@ def run(
     if orig_launch is not None:
         runner.launch = orig_launch  # type: ignore[method-assign]
     torch.cuda.CUDAGraph.replay = orig_replay  # type: ignore[method-assign]
-    device_ms.sort()
+    torch.cuda.synchronize()
+    device_ms = sorted(sum(a.elapsed_time(b) for a, b in step) for step in timed_replays)
     step_ms = 1000 * decode_s / max(steps, 1)
     step_times.sort()
     graphs = getattr(runner, "graphs", None)
@@ -218,7 +240,13 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=1e9)
     parser.add_argument("--kernels", default="invariant", help="comma list: invariant, plain")
     parser.add_argument(
+        "--overlap", default="on", help="comma list: on, off (decode steps queued ahead)"
+    )
+    parser.add_argument(
         "--count", action="store_true", help="print the kernel launches of one decode forward"
+    )
+    parser.add_argument(
+        "--host-profile", type=int, default=0, help="print the N costliest host functions"
     )
     args = parser.parse_args()
     started = time.perf_counter()
@@ -241,34 +269,48 @@ def main() -> None:
     ):
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
-                for graphs in args.graphs.split(",") if tp == 1 else ["off"]:
+                for graphs, overlap in (
+                    (g, o == "on")
+                    for g in (args.graphs.split(",") if tp == 1 else ["off"])
+                    for o in (args.overlap.split(",") if g == "on" else ["off"])
+                ):
+                    label = f"{graphs}{' + overlap' if overlap else ''}"
                     for batch in (int(b) for b in args.batches.split(",")):
-                        head = f"| {kernels} | {tp} | {reduce} | {graphs} | {batch} | {prompt} "
+                        head = f"| {kernels} | {tp} | {reduce} | {label} | {batch} | {prompt} "
                         if time.perf_counter() - started > args.budget_s:
                             print(head + "| skipped (budget) |")
                             continue
                         row = measure(
-                            model, args, kernels, tp, reduce, graphs == "on", batch, prompt
-                        )
+                            model, args, kernels, tp, reduce, graphs == "on", batch, prompt,
+                            overlap,
+                        )  # fmt: skip
                         print(head + row, flush=True)
 
 
 def measure(  # noqa: PLR0913
     model: Transformer, args: argparse.Namespace, kernels: str, tp: int, reduce: str,
-    graphs: bool, batch: int, prompt: int,
+    graphs: bool, batch: int, prompt: int, overlap: bool = True,
 ) -> str:  # fmt: skip
     """One table row (after its first cells): build the runner, decode, tear it down."""
     # the swap covers the runner's construction: graphs captured at start record what runs
     swap = plain_kernels() if kernels == "plain" else contextlib.nullcontext()
     with swap:
-        ecfg, runner = make(model, batch, prompt, args, tp, reduce if tp > 1 else "tree", graphs)
+        ecfg, runner = make(
+            model, batch, prompt, args, tp, reduce if tp > 1 else "tree", graphs, overlap
+        )
         captured = getattr(runner, "graphs", None)
+        host = cProfile.Profile() if args.host_profile else None
         try:
-            r = run(model, batch, prompt, runner, ecfg, args.gen, args.count and graphs)
+            r = run(model, batch, prompt, runner, ecfg, args.gen, args.count and graphs, host)
         finally:
             runner.close()
             del runner
             torch.cuda.empty_cache()
+    if host is not None:
+        print(f"host profile, batch {batch}, context {prompt}, graphs {graphs}:", file=sys.stderr)
+        stats = pstats.Stats(host, stream=sys.stderr)
+        stats.sort_stats("tottime").print_stats(args.host_profile)
+        stats.sort_stats("cumulative").print_stats(args.host_profile)
     capture = f"{len(captured.graphs)} ({captured.capture_s:.1f})" if captured is not None else "-"
     host = f"{1 - r['device_ms'] / r['median_ms']:.0%}" if r["device_ms"] else "-"
     device = f"{r['device_ms']:.2f}" if r["device_ms"] else "-"

@@ -19,7 +19,8 @@ Modes (a registry, process-wide: `RLSYS_LINEAR`, or `linear_mode()` in benchmark
   not in fp32 (rows differ at M <= 16) and not at N off a multiple of 8 (so N is padded).
   `torch._grouped_mm` gives an expert's rows bitwise independent of the other experts' rows.
   So, in bf16/fp16: column, swiglu and the routed experts' SwiGLU run on cuBLAS / the grouped
-  GEMM. The row-parallel trees stay on the Triton kernels: a tree over fp32 chunk partials
+  GEMM (the routed experts' w1 and w3 as one grouped GEMM over their concatenation,
+  (E, 2H, K)). The row-parallel trees stay on the Triton kernels: a tree over fp32 chunk partials
   in registers; on cuBLAS each chunk would write and re-read an fp32 (M, N) partial.
   fp32 models run every product on the Triton kernels.
 - `triton`: every product on the Triton kernels (the design before this dispatcher).
@@ -82,11 +83,16 @@ def cublas_swiglu(x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) 
     return silu_mul(a13[:, :h], a13[:, h:])
 
 
-def cublas_grouped_swiglu(x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor) -> Tensor:
-    xw = x.to(w1.dtype)
-    a1 = grouped_mm(xw, w1.transpose(1, 2), offsets)
-    a3 = grouped_mm(xw, w3.transpose(1, 2), offsets)
-    return silu_mul(a1, a3)
+def cublas_grouped_swiglu(
+    x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, w13: Tensor | None = None
+) -> Tensor:
+    """One grouped GEMM over every expert's [w1; w3] (E, 2H, K), then SwiGLU over its halves.
+    `w13`: that concatenation already made (an inference cache), else made here; the
+    product is over the same values either way, so the bits are the same."""
+    h = w1.shape[1]
+    stacked = w13 if w13 is not None else torch.cat([w1, w3], dim=1)
+    a13 = grouped_mm(x.to(w1.dtype), stacked.transpose(1, 2), offsets)
+    return silu_mul(a13[:, :h], a13[:, h:])
 
 
 _checked: dict[tuple, bool] = {}
@@ -156,9 +162,21 @@ class TritonProducts:
         return lin.linear_tree_fwd(x, w, n_chunks)
 
     def grouped_swiglu(
-        self, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
+        self,
+        x: Tensor,
+        w1: Tensor,
+        w3: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        w13: Tensor | None = None,
     ) -> Tensor:
+        """`w13`: every expert's [w1; w3] (E, 2H, K) where the caller caches it."""
         return lin.swiglu_fwd(x, w1, w3, tiles)
+
+    def stacks_experts(self, w1: Tensor) -> bool:
+        """Whether `grouped_swiglu` reads the experts' [w1; w3] concatenation (so a caller's
+        cached `w13` saves a copy; elsewhere the cache would be memory for nothing)."""
+        return False
 
     def grouped_tree(
         self, h: Tensor, w2: Tensor, offsets: Tensor, tiles: tuple, n_chunks: int
@@ -180,11 +198,21 @@ class InvariantProducts(TritonProducts):
         return super().swiglu(x, w1, w3)
 
     def grouped_swiglu(
-        self, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
+        self,
+        x: Tensor,
+        w1: Tensor,
+        w3: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        w13: Tensor | None = None,
     ) -> Tensor:
-        if _holds("grouped", tuple(w1.shape), w1.dtype, w1.device):
-            return cublas_grouped_swiglu(x, w1, w3, offsets)
+        if self.stacks_experts(w1):
+            return cublas_grouped_swiglu(x, w1, w3, offsets, w13)
         return super().grouped_swiglu(x, w1, w3, offsets, tiles)
+
+    def stacks_experts(self, w1: Tensor) -> bool:
+        e, h, k = w1.shape
+        return _holds("grouped", (e, 2 * h, k), w1.dtype, w1.device)
 
 
 class PlainProducts(TritonProducts):
@@ -200,9 +228,18 @@ class PlainProducts(TritonProducts):
         return F.linear(x.to(w.dtype), w).float()
 
     def grouped_swiglu(
-        self, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple
+        self,
+        x: Tensor,
+        w1: Tensor,
+        w3: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        w13: Tensor | None = None,
     ) -> Tensor:
-        return cublas_grouped_swiglu(x, w1, w3, offsets)
+        return cublas_grouped_swiglu(x, w1, w3, offsets, w13)
+
+    def stacks_experts(self, w1: Tensor) -> bool:
+        return True
 
     def grouped_tree(
         self, h: Tensor, w2: Tensor, offsets: Tensor, tiles: tuple, n_chunks: int

@@ -142,6 +142,14 @@ class EngineConfig(BaseModel):
         description="Replay decode-only steps as CUDA graphs (CUDA, paged KV cache, TP=1): "
         "one graph per batch size and context bucket; same bits as eager steps.",
     )
+    overlap_decode: bool = Field(
+        True,
+        description="Queue each decode step on the device behind the previous one, fed the "
+        "tokens it drew there, before the host has read them: the host's scheduling, "
+        "records and stop checks run while the GPU computes (decode graphs with on-device "
+        "sampling). Same tokens and records; a sequence that stops has one row computed "
+        "and discarded.",
+    )
     cuda_graph_capture: Literal["start", "lazy"] = Field(
         "start",
         description="When decode graphs are captured: all of them when the engine starts "

@@ -24,6 +24,15 @@ Invariants:
   first draw that differs (or the draw after the last draft) is emitted and the rest is
   rolled back (KV rows, routes, drafter inputs). So tokens, log-probs, candidate sets,
   routes and versions are bitwise those of plain decoding; only the step count changes.
+- Overlap (`overlap_decode`, decode graphs that draw on the device): a decode step's
+  results are read at the next `step()`, which first queues the following decode step on
+  the device, fed the drawn tokens there; while the GPU runs it, the host reads the
+  previous step, writes its records and checks its stops. Only a batch that can go on
+  unchanged is queued ahead (nothing to admit, every running sequence in it, none at a
+  length limit, none at its first token). A sequence that stops at a token already fed to
+  a queued step takes that row back (`runner.retract`) before its cache is kept or freed,
+  and the queued step's row of it is never read: tokens, records and caches are those of
+  the step-by-step engine. Aborts and weight updates first settle the step in flight.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -41,7 +50,7 @@ from rlsys.config.model import ModelConfig
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
 from rlsys.engine.route_log import RouteLog
-from rlsys.engine.runner import DraftingRunner, ModelRunner
+from rlsys.engine.runner import DraftingRunner, LaunchedStep, ModelRunner
 from rlsys.engine.sampler import RowParams, SampledToken, request_seed, sample_batch
 from rlsys.engine.sequence import Sequence
 from rlsys.engine.validation import request_error
@@ -66,6 +75,20 @@ class EngineStats:
     accepted_draft_tokens: int
 
 
+@dataclass
+class _InFlight:
+    """A decode step on the device whose results the host has not read (see module doc):
+    row i fed `batch[i]`; a sequence in `dropped` ended before the step and took its row
+    back."""
+
+    batch: list[Sequence]
+    launched: LaunchedStep
+    dropped: set[int] = field(default_factory=set)  # id() of the sequences
+
+    def live(self) -> list[tuple[int, Sequence]]:
+        return [(i, s) for i, s in enumerate(self.batch) if id(s) not in self.dropped]
+
+
 class EngineCore:
     """Scheduler + sampler over a `ModelRunner` (see module doc)."""
 
@@ -86,6 +109,9 @@ class EngineCore:
         self.draft_tokens = self.accepted_draft_tokens = 0
         self._busy_s = 0.0
         self._deferred: list[Callable[[], None]] = []  # see `_defer`
+        self._in_flight: _InFlight | None = None  # overlap (see module doc)
+        self._done: list[GenerationResult] = []  # finished while settling outside `step`
+        self._overlap = engine_cfg.overlap_decode and not engine_cfg.speculative_tokens
         engine_cfg.check_model(model_cfg)
 
     # ---- requests ----------------------------------------------------------------------
@@ -115,6 +141,11 @@ class EngineCore:
 
     def abort(self, request_id: str) -> GenerationResult | None:
         """Stop a request now; returns its partial result (None if unknown)."""
+        self._done += self._drain()
+        for result in self._done:  # it finished in the step just settled
+            if result.request_id == request_id:
+                self._done.remove(result)
+                return result
         seq = self._find(request_id)
         if seq is None:
             return None
@@ -126,6 +157,7 @@ class EngineCore:
 
     def update_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Load version `version`; in-flight sequences continue, recomputed under it."""
+        self._done += self._drain()  # the step on the device ran under the old version
         self._flush()
         self.runner.load_state_dict(state)
         superseded, self.version = self.version, version
@@ -142,23 +174,31 @@ class EngineCore:
             seq.routes.clear()
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._done)
 
     # ---- one step ----------------------------------------------------------------------
 
     def step(self) -> list[GenerationResult]:
         """Admit, run one packed forward, sample; returns the requests that finished."""
         started = time.perf_counter()
+        finished, self._done = self._done, []
         self._admit()
         try:
-            self._forward()
+            if self._in_flight is not None:
+                finished += self._advance()
+            else:
+                self._forward()
+                if self._in_flight is None:
+                    finished += self._sample_ready()
         except Exception as err:  # a runner failure fails the batch in flight, not the engine
+            self._in_flight = None
+            for seq in self.running:
+                seq.in_flight = None
             failed = [
                 self._close(seq, "error", f"engine step failed: {err!r}") for seq in self.running
             ]
             self.running = []
-            return failed
-        finished = self._sample_ready()
+            return finished + failed
         self.steps += 1
         self._busy_s += time.perf_counter() - started
         return finished
@@ -210,10 +250,20 @@ class EngineCore:
             ]
         keys, chunks = [s.cache_key for s, _ in batch], [c for _, c in batch]
         launch = getattr(self.runner, "launch", None)
-        collect = launch(keys, chunks, sampling) if launch is not None else None
+        launched = launch(keys, chunks, sampling) if launch is not None else None
         # the previous step's records are written while the GPU runs this one
         self._flush()
-        out = collect() if collect is not None else self.runner.step(keys, chunks, sampling)
+        if launched is not None and launched.tokens is not None and self._overlap:
+            # read at the next step, after it queues the following one (see module doc)
+            self._in_flight = _InFlight([s for s, _ in batch], launched)
+            for seq, _ in batch:
+                seq.in_flight = self._in_flight
+            self.forward_rows += len(batch)
+            return
+        if launched is not None:
+            out = launched.collect()
+        else:
+            out = self.runner.step(keys, chunks, sampling)
         if out.routes is not None:
             routes = out.routes
             self._defer(lambda: self._keep_routes(routes, batch))
@@ -231,6 +281,84 @@ class EngineCore:
             elif seq.num_pending == 0:
                 seq.ready_logits = out.last_logits[i]
         self.forward_rows += row
+
+    # ---- overlap (see module doc) --------------------------------------------------------
+
+    def _advance(self) -> list[GenerationResult]:
+        """Queue the next decode step behind the one in flight (when the batch goes on),
+        then read the one in flight: its records, stops and finished requests."""
+        prev, self._in_flight = self._in_flight, None
+        assert prev is not None
+        self._in_flight = self._launch_ahead(prev)
+        self._flush()  # the records of the step before, while the GPU runs
+        return self._read_step(prev)
+
+    def _launch_ahead(self, prev: _InFlight) -> _InFlight | None:
+        live = [s for _, s in prev.live()]
+        if len(live) != len(self.running) or (
+            self.waiting and len(self.running) < self.cfg.max_running
+        ):
+            return None  # the batch changes: the next step is scheduled from the host
+        for seq in live:  # one that surely stops at prev's token, or samples its first
+            if (
+                seq.num_generated == 0
+                or seq.num_generated + 1 >= seq.request.sampling.max_tokens_per_turn
+                or len(seq.tokens) + 1 >= self.cfg.max_context_tokens
+            ):
+                return None
+        tokens = prev.launched.tokens
+        assert tokens is not None
+        if len(live) < len(prev.batch):
+            rows = [i for i, _ in prev.live()]
+            tokens = tokens[torch.tensor(rows, device=tokens.device)]
+        sampling = [RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s in live]
+        launch = self.runner.launch  # type: ignore[attr-defined]
+        launched = launch([s.cache_key for s in live], [[0]] * len(live), sampling, tokens)
+        if launched is None:  # no graph holds the batch now (a context bucket outgrown)
+            return None
+        ahead = _InFlight(live, launched)
+        for seq in live:
+            seq.in_flight = ahead
+        self.forward_rows += len(live)
+        return ahead
+
+    def _read_step(self, step: _InFlight) -> list[GenerationResult]:
+        """Read a decode step's results and sample (emit) its rows' tokens."""
+        out = step.launched.collect()
+        live = step.live()
+        if out.routes is not None and live:
+            routes = out.routes
+            self._defer(lambda: self._keep_route_rows(routes, live))
+        assert out.sampled is not None
+        for i, seq in live:
+            seq.presampled = out.sampled[i]
+            seq.num_cached += 1
+            seq.ready_logits = out.last_logits[i]
+            if seq.in_flight is step:
+                seq.in_flight = None
+        return self._sample_ready()
+
+    def _drain(self) -> list[GenerationResult]:
+        """Settle the step in flight (before an abort or a weight update)."""
+        if self._in_flight is None:
+            return []
+        step, self._in_flight = self._in_flight, None
+        self._flush()
+        return self._read_step(step)
+
+    def _retract(self, seq: Sequence) -> None:
+        """A sequence ends: take back its row of a step queued before that was known."""
+        step = seq.in_flight
+        if step is not None and seq.cache_key is not None:
+            self.runner.retract(seq.cache_key)  # type: ignore[attr-defined]
+            step.dropped.add(id(seq))
+        seq.in_flight = None
+
+    def _keep_route_rows(self, routes: RoutedExperts, rows: list[tuple[int, Sequence]]) -> None:
+        """Each sequence keeps its row of a decode step's routes."""
+        compact = routes.to_compact(self.model_cfg.n_experts, self.cfg.route_gates)
+        for i, seq in rows:
+            seq.routes.append_compact({key: t[:, i : i + 1] for key, t in compact.items()})
 
     def _keep_routes(self, routes: RoutedExperts, batch: list[tuple[Sequence, list[int]]]) -> None:
         """Each sequence keeps its rows of a step's routes (compacted once for the step)."""
@@ -359,6 +487,7 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: FinishReason, logits: Tensor) -> GenerationResult:
         """Hand the finished cache (covering tokens[:-1]) to the prefix cache."""
+        self._retract(seq)
         self._flush()
         result = self._result(seq, reason)
         if self.cfg.prefix_cache_tokens:
@@ -374,6 +503,7 @@ class EngineCore:
     def _close(
         self, seq: Sequence, reason: FinishReason, error: str | None = None
     ) -> GenerationResult:
+        self._retract(seq)
         self._flush()
         if seq.cache_key is not None:
             self.runner.free_cache(seq.cache_key)

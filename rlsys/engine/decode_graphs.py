@@ -26,6 +26,11 @@ Invariants:
   row's token (`sampler.sample_rows` over static parameter buffers), so the whole step,
   sampling included, is one replay and one host copy of its results; a token is what
   `sample_batch` would draw from the same logits with the same uniform.
+- A step may be fed the tokens a previous step drew, still on the device (`launch(fed=)`),
+  before the host has read them: the engine queues the next decode step behind the
+  previous one (`rlsys.engine.core`, overlap). The copy into the layout's token buffer is
+  queued before the replay, so stream order gives it the drawn values. A row fed that way
+  whose sequence ended at the previous token is taken back (`retract`).
 """
 
 from __future__ import annotations
@@ -97,6 +102,9 @@ class Launched:
     host: list[Tensor]  # [indices, gates] when routed, then the packed draws when drawn
     drew: bool
     done: torch.cuda.Event | None  # recorded after the copies (None off CUDA)
+    # the drawn tokens (n,) on the device, in the graph's output buffer: valid for a step
+    # queued behind this one (stream order), overwritten by this graph's next replay
+    tokens: Tensor | None = None
 
 
 class DecodeGraphs:
@@ -164,16 +172,21 @@ class DecodeGraphs:
         tokens: list[int],
         caches: list[PagedSeqCache],
         sampling: list[RowParams] | None = None,
+        fed: Tensor | None = None,
     ) -> Launched:
         """`run`'s first half: the step is replayed and its results start for the host;
         `collect` waits for them. Between the two the host may do other work while the GPU
-        runs the step (the engine writes the previous step's records then)."""
+        runs the step (the engine writes the previous step's records then). `fed`: the
+        rows' tokens (n,) int64 on the device (a previous step's draws), read in place of
+        `tokens`."""
         n = len(tokens)
         batch = next(b for b in self.ladder if b >= n)
         longest = max(c.length for c in caches)
         bucket = next(b for b in self.buckets if longest < b)
         g = self.graphs.get((batch, bucket)) or self._build(batch, bucket)
         g.layout.fill(tokens, caches)
+        if fed is not None:  # queued after the fill's copy, before the replay
+            g.layout.tokens[:n].copy_(fed)
         draw = sampling is not None and g.params is not None
         if draw:
             assert g.params is not None and sampling is not None and len(sampling) == n
@@ -200,7 +213,17 @@ class DecodeGraphs:
         done = torch.cuda.Event() if logits.is_cuda else None
         if done is not None:
             done.record()
-        return Launched(logits, host, draw and g.sampled is not None, done)
+        drew = draw and g.sampled is not None
+        drawn = g.sampled.tokens[:n] if drew and g.sampled is not None else None
+        return Launched(logits, host, drew, done, drawn)
+
+    def retract(self, cache: PagedSeqCache) -> None:
+        """Take back the newest row of `cache` (fed by a step queued before its sequence was
+        seen to end): its length drops by one; the row's K/V stay in the page, past the
+        length, and the next row written there replaces them. Safe with the window trim:
+        trimming at length L + 1 frees only pages a query at position L never reads."""
+        assert cache.length > 0
+        cache.length -= 1
 
     def collect(
         self, step: Launched

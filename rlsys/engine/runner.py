@@ -47,6 +47,16 @@ class StepOutput:
     sampled: list[SampledToken] | None = None
 
 
+@dataclass
+class LaunchedStep:
+    """A decode step on the device (`LocalRunner.launch`): `collect` waits for its output;
+    `tokens` are its rows' drawn tokens on the device (None: the step did not draw), which
+    a step launched after it may be fed before the host reads them."""
+
+    collect: Callable[[], StepOutput]
+    tokens: Tensor | None
+
+
 class ModelRunner(Protocol):
     def new_cache(self) -> int: ...
     def fork_cache(self, key: int) -> int: ...
@@ -188,30 +198,42 @@ class LocalRunner:
             self.drafter.free(key)
 
     def launch(
-        self, keys: list[int], chunks: list[list[int]], sampling: list[RowParams] | None = None
-    ) -> Callable[[], StepOutput] | None:
-        """Start a decode step that a decode graph serves and return what waits for its
-        output (`step` = launch, then wait); None when the step is not one (run `step`)."""
+        self,
+        keys: list[int],
+        chunks: list[list[int]],
+        sampling: list[RowParams] | None = None,
+        fed: Tensor | None = None,
+    ) -> LaunchedStep | None:
+        """Start a decode step that a decode graph serves (`step` = launch, then collect);
+        None when the step is not one (run `step`). `fed`: the rows' tokens on the device
+        (a launched step's `tokens`), read in place of `chunks`' (see `DecodeGraphs`)."""
         if self.graphs is None or not all(len(c) == 1 for c in chunks):
             return None
         caches = [self.table.caches[k] for k in keys]
         if not self.graphs.fits(caches):  # type: ignore[arg-type]
             return None
         graphs = self.graphs
-        launched = graphs.launch([c[0] for c in chunks], caches, sampling)  # type: ignore[arg-type]
+        launched = graphs.launch([c[0] for c in chunks], caches, sampling, fed)  # type: ignore[arg-type]
 
         def collect() -> StepOutput:
             last, routes, sampled = graphs.collect(launched)
             return StepOutput(last, routes, None, sampled)
 
-        return collect
+        return LaunchedStep(collect, launched.tokens)
+
+    def retract(self, key: int) -> None:
+        """Drop the newest row of cache `key`, fed by a launched step whose sequence ended
+        before it (`DecodeGraphs.retract`)."""
+        cache = self.table.caches[key]
+        assert self.graphs is not None and isinstance(cache, PagedSeqCache)
+        self.graphs.retract(cache)
 
     def step(
         self, keys: list[int], chunks: list[list[int]], sampling: list[RowParams] | None = None
     ) -> StepOutput:
-        collect = self.launch(keys, chunks, sampling)
-        if collect is not None:
-            return collect()
+        launched = self.launch(keys, chunks, sampling)
+        if launched is not None:
+            return launched.collect()
         if self.drafter is not None:
             self._before = {k: snapshot(self.table.caches[k]) for k in keys}  # type: ignore[arg-type]
         logits, hidden, routes = self.table.forward_hidden(keys, chunks, record=True)

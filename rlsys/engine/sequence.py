@@ -38,6 +38,9 @@ class Sequence:
     spec_rows: int = 0
     verify_logits: Tensor | None = None
     presampled: SampledToken | None = None  # drawn by the step on the device (decode graphs)
+    # the decode step on the device that feeds this sequence a row the host has not counted
+    # in num_cached yet (`rlsys.engine.core`, overlap), or None
+    in_flight: object | None = None
     result: GenerationResult = field(init=False)
 
     def __post_init__(self) -> None:

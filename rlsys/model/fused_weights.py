@@ -22,17 +22,19 @@ import torch
 from torch import Tensor
 
 
-def fuse_rows(parts: list[Tensor], align: int) -> tuple[Tensor, list[int]]:
-    """The concatenation (differentiable) and each part's first row."""
+def fuse_rows(parts: list[Tensor], align: int, dim: int = 0) -> tuple[Tensor, list[int]]:
+    """The concatenation along `dim` (differentiable) and each part's first row there."""
     offsets, rows, pieces = [], 0, []
     for p in parts:
         start = -(-rows // align) * align
         if start > rows:
-            pieces.append(p.new_zeros(start - rows, *p.shape[1:]))
+            gap = list(p.shape)
+            gap[dim] = start - rows
+            pieces.append(p.new_zeros(gap))
         offsets.append(start)
         pieces.append(p)
-        rows = start + p.shape[0]
-    return torch.cat(pieces), offsets
+        rows = start + p.shape[dim]
+    return torch.cat(pieces, dim=dim), offsets
 
 
 def fused_product(x: Tensor, parts: list[Tensor], cache: FusedWeight) -> tuple[Tensor, list[int]]:
@@ -71,10 +73,11 @@ def _key(parts: list[Tensor]) -> tuple:
 
 class FusedWeight:
     """The row concatenation of some parameters, each at a multiple of `align` (see module
-    doc). Holds no reference to the parameters: a deep copy of the model rebuilds it."""
+    doc), along `dim` (1 for stacked experts' (E, rows, K) weights). Holds no reference to
+    the parameters: a deep copy of the model rebuilds it."""
 
-    def __init__(self, align: int) -> None:
-        self.align = align
+    def __init__(self, align: int, dim: int = 0) -> None:
+        self.align, self.dim = align, dim
         self.buffer: Tensor | None = None
         self.key: tuple | None = None
         self.offsets: list[int] = []  # first row of each part
@@ -86,7 +89,7 @@ class FusedWeight:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("fused weights changed during a CUDA-graph capture")
         with torch.inference_mode(False), torch.no_grad():
-            weight, offsets = fuse_rows([p.detach() for p in parts], self.align)
+            weight, offsets = fuse_rows([p.detach() for p in parts], self.align, self.dim)
             buf = self.buffer
             if (
                 buf is None

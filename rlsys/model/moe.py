@@ -98,6 +98,8 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
         self.register_buffer("expert_load", torch.zeros(cfg.n_experts))
         self.row_parallel = RowParallel()
+        # every expert's [w1; w3] (E, 2H, d) for inference: one grouped product for both
+        self._w13 = FusedWeight(1, dim=1)
 
     def forward(
         self,
@@ -141,7 +143,8 @@ class MoE(nn.Module):
         return Combine.apply(residual, ys, inverse.view(idx.shape), gates, shared)
 
     def refresh_fused(self) -> None:
-        """Bring the shared expert's cached weight up to date (before a CUDA-graph replay)."""
+        """Bring the cached [w1; w3] weights up to date (before a CUDA-graph replay)."""
+        self._w13.refresh([self.w1, self.w3])
         if self.shared is not None:
             self.shared.refresh_fused()
 
@@ -179,7 +182,8 @@ class MoE(nn.Module):
         max_tiles = -(-idx.numel() // BM) + cfg.n_experts
         pos, order, offsets, tiles = mr.expert_layout(idx, cfg.n_experts, max_tiles, BM)
         xs = mr.gather_rows(x, order, k)
-        hidden = products().grouped_swiglu(xs, self.w1, self.w3, offsets, tiles)
+        w13 = self._w13.get([self.w1, self.w3]) if products().stacks_experts(self.w1) else None
+        hidden = products().grouped_swiglu(xs, self.w1, self.w3, offsets, tiles, w13)
         chunks = self.row_parallel.chunks
         if partials and triton_computes("grouped_tree", self.w2):
             ys = partial_products(hidden, self.w2, chunks, tiles)

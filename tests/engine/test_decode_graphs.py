@@ -116,3 +116,79 @@ def test_engine_generations_with_decode_graphs_match_the_eager_engine(sampler: b
         assert got.token_ids == want.token_ids
         assert got.logprobs == want.logprobs
         assert want.finish_reason != "error", want.error
+
+
+def _overlap_run(cfg, state, state2, overlap: bool, stop: int | None) -> tuple[dict, int]:  # type: ignore[no-untyped-def]
+    """Two turns of a session and a third request, a weight update after the 4th step:
+    every result, and how many queued rows were taken back."""
+    ecfg = EngineConfig(
+        max_running=2,
+        max_context_tokens=64,
+        device=DEV,
+        prefix_cache_tokens=256,
+        overlap_decode=overlap,
+    )
+    runner = _runner(cfg, state, True, sampler=True)
+    retracted = []
+    inner = runner.retract
+    runner.retract = lambda key: (retracted.append(key), inner(key))[1]  # type: ignore[method-assign]
+    core = EngineCore(cfg, ecfg, runner)
+    params = SamplingConfig(max_tokens_per_turn=8, top_p=0.9)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    stops = (stop,) if stop is not None else ()
+    core.add(GenerationRequest("r0", "s0", prompt, params, stop_token_ids=stops, seed=3))
+    core.add(GenerationRequest("r1", "s1", prompt[:-1] + [13], params, seed=4))
+    done: dict = {}
+    calls = 0
+    while len(done) < 3:
+        done |= {r.request_id: r for r in core.step()}
+        calls += 1
+        if calls == 4:  # both engines have emitted the same tokens here (an update settles)
+            core.update_weights(state2, 1)
+            core.add(GenerationRequest("r2", "s2", prompt, params, seed=5))  # waits for a slot
+        assert calls < 100
+    # the session's next turn continues r0's finished cache (a prefix-cache hit)
+    turn = prompt + done["r0"].token_ids + [9]
+    core.add(GenerationRequest("r3", "s0", turn, params, seed=6))
+    while len(done) < 4:
+        done |= {r.request_id: r for r in core.step()}
+    assert core.stats().prefix_cache_hit_tokens > 0
+    return done, len(retracted)
+
+
+def test_overlapped_decode_steps_give_the_step_by_step_engines_results() -> None:
+    """Overlap (each decode step queued on the device behind the previous one, fed its
+    drawn tokens) against the step-by-step engine: the same tokens, log-probs, versions,
+    candidates, routes and prefix-cache hits, with a sequence that stops on a stop token
+    (its queued row taken back before its cache is kept) and a weight update mid-run."""
+    cfg, state = _state("float32")
+    torch.manual_seed(1)
+    from rlsys.model import Transformer as Model
+
+    state2 = Model(cfg).state_dict()
+    first, _ = _overlap_run(cfg, state, state2, False, None)
+    drawn = first["r0"].token_ids
+    # r0 stops at its 6th token or later: after the update (which keeps no cache) and
+    # its recompute (a prefill), at a decode step read after the next one was queued
+    stop = next(t for i, t in enumerate(drawn) if i >= 5 and t not in drawn[:i])
+    want, _ = _overlap_run(cfg, state, state2, False, stop)
+    got, retracted = _overlap_run(cfg, state, state2, True, stop)
+    n0 = len(want["r0"].token_ids)
+    assert want["r0"].finish_reason == "stop" and 6 <= n0 < 8
+    # r3 continued r0's finished cache: every row of r0's but the stop token's
+    assert want["r3"].prefix_cache_hit_tokens == 8 + n0 - 1
+    fields = (
+        "token_ids", "logprobs", "versions", "candidate_ids", "candidate_capped",
+        "finish_reason", "prefix_cache_hit_tokens",
+    )  # fmt: skip
+    for rid, w in want.items():
+        g = got[rid]
+        for name in fields:
+            assert getattr(g, name) == getattr(w, name), (rid, name)
+        assert len(g.routed_experts) == len(w.routed_experts)
+        for a, b in zip(g.routed_experts, w.routed_experts, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in b), rid
+        for a, b in ((g.prompt_routed_experts, w.prompt_routed_experts),):
+            assert all(torch.equal(a[k], b[k]) for k in b), rid
+    assert {1} <= {v for r in want.values() for v in r.versions}
+    assert retracted >= 1  # the stop was seen after the next step was queued

@@ -64,8 +64,9 @@ def test_fused_inference_is_bitwise_the_training_forward(dtype: str) -> None:
     assert torch.equal(_decode(model, tokens, 11), trained.detach())
 
 
-def test_fused_weights_follow_a_weight_update() -> None:
-    model, other = _model("float32"), _model("float32", seed=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_weights_follow_a_weight_update(dtype: str) -> None:
+    model, other = _model(dtype), _model(dtype, seed=1)
     tokens = torch.randint(0, model.cfg.vocab_size, (1, 9), device=DEV)
     _decode(model, tokens, 5)  # builds the fused weights
     model.load_state_dict(other.state_dict())  # in place: the fused copies are now stale
