@@ -43,6 +43,7 @@ ORDER = [
     "gpu_walk_registers",
     "kernel_registers",
     "gpu_load_mask",
+    "gpu_overlap",
     "job_ends",
     "ci_time",
 ]

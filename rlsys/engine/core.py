@@ -5,8 +5,9 @@ every sequence that has a sampled token to feed plus prefill chunks of the other
 `max_step_tokens`) into ONE forward step, then samples for every sequence whose rows are
 all fed. Requests join and leave at every step. A decode step served by a CUDA graph is
 launched first and its tokens drawn on the device; the host writes the previous step's
-per-token records (log-prob, version, candidates, routes) while the GPU runs it, and only
-the token ids and the stop checks stand between two steps.
+per-token records (log-prob, version, candidates, routes) while the GPU runs it; with
+overlap (below) the next decode step is queued before the host reads this one's tokens,
+so nothing of the host's stands between two decode steps.
 
 Invariants:
 - A token's log-probs depend only on its sequence (batch-invariant kernels): not on the
@@ -191,14 +192,7 @@ class EngineCore:
                 if self._in_flight is None:
                     finished += self._sample_ready()
         except Exception as err:  # a runner failure fails the batch in flight, not the engine
-            self._in_flight = None
-            for seq in self.running:
-                seq.in_flight = None
-            failed = [
-                self._close(seq, "error", f"engine step failed: {err!r}") for seq in self.running
-            ]
-            self.running = []
-            return finished + failed
+            return finished + self._fail_running(err)
         self.steps += 1
         self._busy_s += time.perf_counter() - started
         return finished
@@ -343,8 +337,20 @@ class EngineCore:
         if self._in_flight is None:
             return []
         step, self._in_flight = self._in_flight, None
-        self._flush()
-        return self._read_step(step)
+        try:
+            self._flush()
+            return self._read_step(step)
+        except Exception as err:  # as in `step`: the batch fails, the engine serves on
+            return self._fail_running(err)
+
+    def _fail_running(self, err: Exception) -> list[GenerationResult]:
+        """A runner failure: every running request ends with an error, nothing in flight."""
+        self._in_flight = None
+        for seq in self.running:
+            seq.in_flight = None
+        failed = [self._close(seq, "error", f"engine step failed: {err!r}") for seq in self.running]
+        self.running = []
+        return failed
 
     def _retract(self, seq: Sequence) -> None:
         """A sequence ends: take back its row of a step queued before that was known."""
