@@ -44,6 +44,7 @@ ORDER = [
     "kernel_registers",
     "gpu_load_mask",
     "gpu_overlap",
+    "gpu_indexer_search",
     "job_ends",
     "ci_time",
 ]

@@ -11,8 +11,9 @@ Kernels:
   (`select_blocks` walks the queries in chunks), so no L x L/B matrix ever exists.
 - `_topk_select`: one program per (query, group) row, scores held in registers (no sort,
   no copy): rows of up to `rank_max` blocks rank every block against all others at once;
-  longer rows find the k-th largest by a 32-step bisection on the order-preserving integer
-  image of the fp32 scores. Both select the same set. Emits the selected ids ascending (-1 padded) and a
+  longer rows search the k-th largest order-preserving integer image of the fp32 scores
+  (`_kth_key`: interpolated probes, then halving; it stops at a probe that counts exactly
+  k). All select the same set. Emits the selected ids ascending (-1 padded) and a
   bitmap (one bit per block) that the attention kernels test per row.
 The union step lists (which aligned key steps a query tile must visit) are built here too,
 with torch sorting on small per-chunk tensors.
@@ -103,13 +104,75 @@ def _inclusive_rank(m):
 
 
 @triton.jit
+def _value_of(k):
+    """The fp32 whose order-preserving integer image (`_order_key`) is the int64 scalar k."""
+    bits = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
+    return bits.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _order_key(x):
+    """Order-preserving int32 image of fp32 values: a < b as keys iff a < b as numbers, and
+    -0.0 < +0.0 (the flipped magnitude bits of negatives; positives as they are)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _kth_key(key, valid, n_valid, KSEL: tl.constexpr, GUESSES: tl.constexpr):
+    """The k-th largest key of a row (k = KSEL < n_valid), and whether exactly KSEL keys are
+    >= it (no tie at the k-th key: the selection is then `key >= it` with no ranking).
+
+    A search on a bracket [lo, hi): count(key >= lo) >= KSEL > count(key >= hi), from the
+    row's smallest key to one past its largest. The first GUESSES probes are regula falsi on
+    the fp32 values (Illinois: the stale end's count is halved toward KSEL), the rest halve
+    the key interval; any probe strictly inside keeps the bracket, so the result does not
+    depend on the guesses (they only decide how many counts it takes: ~9 for smooth score
+    rows against the 32 of a bit-by-bit bisection). It stops as soon as a probe counts
+    exactly KSEL, else when the bracket is one key wide (then lo is the k-th key, tied)."""
+    lo = tl.min(tl.where(valid, key, 0x7FFFFFFF)).to(tl.int64)
+    hi = tl.max(tl.where(valid, key, -0x7FFFFFFF - 1)).to(tl.int64) + 1
+    v_lo = _value_of(lo)
+    v_hi = _value_of(hi - 1)
+    c_lo = n_valid.to(tl.float32)
+    c_hi = tl.zeros([], tl.float32)
+    aim = KSEL - 0.5
+    side = 0
+    probes = 0
+    exact = 0
+    while (exact == 0) & (hi - lo > 1):
+        half = lo + (hi - lo) // 2
+        guess = v_lo + (v_hi - v_lo) * ((c_lo - aim) / (c_lo - c_hi))
+        probe = _order_key(guess).to(tl.int64)
+        probe = tl.where((probes < GUESSES) & (probe > lo) & (probe < hi), probe, half)
+        c = _count((key >= probe.to(tl.int32)) & valid)
+        probes += 1
+        if c >= KSEL:
+            exact = (c == KSEL).to(tl.int32)
+            lo = probe
+            v_lo = _value_of(probe)
+            c_lo = c.to(tl.float32)
+            if side == 1:
+                c_hi = aim - (aim - c_hi) * 0.5
+            side = 1
+        else:
+            hi = probe
+            v_hi = _value_of(probe)
+            c_hi = c.to(tl.float32)
+            if side == -1:
+                c_lo = aim + (c_lo - aim) * 0.5
+            side = -1
+    return lo.to(tl.int32), exact
+
+
+@triton.jit
 def _topk_select(
     S, IDS, BITS, QPOS,
     s_stride_r, ids_stride_r, bits_stride_r,
     row_base,
     HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
     NBP: tl.constexpr, NW: tl.constexpr, NWO: tl.constexpr, BLK: tl.constexpr,
-    RANK_MAX: tl.constexpr,
+    RANK_MAX: tl.constexpr, GUESSES: tl.constexpr,
 ):  # fmt: skip
     """NBP: the blocks this launch's rows can have (a power of two >= their largest past);
     NWO >= NW = NBP / 32: the bitmap words of a row in BITS (the words past NW are 0)."""
@@ -122,13 +185,7 @@ def _topk_select(
     b = tl.arange(0, NW)[:, None] * 32 + bit
     valid = b < npast
     x = tl.load(S + local * s_stride_r + b, mask=valid, other=0.0)
-    bits = x.to(tl.uint32, bitcast=True)
-    one = tl.full([], 1, tl.uint32)
-    # order-preserving integer image: flip all bits of negatives, the sign bit of positives
-    key = tl.where(
-        (bits >> 31) == one, bits ^ tl.full([], 0xFFFFFFFF, tl.uint32), bits | (one << 31)
-    )
-    key = tl.where(valid, key, tl.zeros_like(key))
+    key = tl.where(valid, _order_key(x), tl.zeros_like(b))
     if npast <= KSEL:
         sel = valid
     elif NBP <= RANK_MAX:
@@ -142,18 +199,18 @@ def _topk_select(
         rank = tl.sum((beats & flat_valid[None, :]).to(tl.int32), axis=1)
         sel = tl.reshape(flat_valid & (rank < KSEL), (NW, 32))
     else:
-        # long rows: bisect the k-th largest key (32 steps), then take ties by lower id
-        tau = tl.zeros([], tl.uint32)
-        for k in tl.static_range(31, -1, -1):
-            cand = tau | (one << k)
-            tau = tl.where(_count((key >= cand) & valid) >= KSEL, cand, tau)
-        above = valid & (key > tau)
-        tied = valid & (key == tau)
-        need = KSEL - _count(above)
-        if _count(tied) > need:  # rare (equal scores): rank the ties, lower id first
-            sel = above | (tied & (_inclusive_rank(tied) <= need))
+        # long rows: search the k-th largest key, then take ties by lower id
+        tau, exact = _kth_key(key, valid, tl.minimum(npast, NBP), KSEL, GUESSES)
+        if exact == 1:  # exactly KSEL keys >= tau: nothing tied at the boundary
+            sel = valid & (key >= tau)
         else:
-            sel = above | tied
+            above = valid & (key > tau)
+            tied = valid & (key == tau)
+            need = KSEL - _count(above)
+            if _count(tied) > need:  # rare (equal scores): rank the ties, lower id first
+                sel = above | (tied & (_inclusive_rank(tied) <= need))
+            else:
+                sel = above | tied
     slot = _inclusive_rank(sel) - 1
     tl.store(IDS + row * ids_stride_r + slot, b, mask=sel)
     n_sel = _count(sel)
@@ -187,6 +244,7 @@ def select_blocks(
     block: int,
     rank_max: int = 128,
     precision: str = "ieee",
+    guesses: int = 24,
 ) -> Selection:
     """Top-`topk_blocks` complete past blocks per (query row, group).
 
@@ -194,6 +252,8 @@ def select_blocks(
     `bk_table` (row offset of each logical page's first block; page_size = blocks per page).
     `precision`: "ieee" (exact fp32 products) or "tf32" (tensor cores; what bf16 models use
     on the GPU: both engine and trainer, so the selection is still one function).
+    `guesses`: interpolated probes of the k-th-key search before it only halves (0: a plain
+    bisection; the selection is the same for any value, only its cost changes).
     """
     check_device(qi, block_keys)
     n, hkv, idx = qi.shape
@@ -229,8 +289,35 @@ def select_blocks(
             scores.stride(0), ids.stride(1), bits.stride(1),
             r0,
             HKV=hkv, KSEL=topk_blocks, KSELP=ksel_p, NBP=nbp_c, NW=nbp_c // 32, NWO=nw,
-            BLK=block, RANK_MAX=rank_max, num_warps=max(4, min(16, nbp_c // 1024)),
+            BLK=block, RANK_MAX=rank_max, GUESSES=guesses,
+            num_warps=max(4, min(16, nbp_c // 1024)),
         )  # fmt: skip
+    return Selection(ids, bits)
+
+
+def select_from_scores(
+    scores: Tensor, n_past: Tensor, *, topk_blocks: int, rank_max: int = 128, guesses: int = 24
+) -> Selection:
+    """The selection `select_blocks` makes, from given score rows: row r's blocks are
+    scores[r, :n_past[r]] (the rest is not read). Runs the same `_topk_select` (with one
+    group and blocks of one position), so a test or a probe can hand it any score row:
+    ties, signed zeros, values over many binades."""
+    check_device(scores)
+    r, width = scores.shape
+    nbp = next_pow2(width, at_least=32)
+    if width != nbp:
+        scores = torch.nn.functional.pad(scores, (0, nbp - width))
+    scores = scores.float().contiguous()
+    ids = torch.empty(r, 1, topk_blocks, dtype=torch.int32, device=scores.device)
+    bits = torch.empty(r, 1, nbp // 32, dtype=torch.int32, device=scores.device)
+    _topk_select[(r,)](
+        scores, ids, bits, n_past.to(torch.int32).contiguous(),
+        scores.stride(0), ids.stride(1), bits.stride(1),
+        0,
+        HKV=1, KSEL=topk_blocks, KSELP=next_pow2(topk_blocks), NBP=nbp, NW=nbp // 32,
+        NWO=nbp // 32, BLK=1, RANK_MAX=rank_max, GUESSES=guesses,
+        num_warps=max(4, min(16, nbp // 1024)),
+    )  # fmt: skip
     return Selection(ids, bits)
 
 
