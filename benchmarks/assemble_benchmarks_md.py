@@ -45,6 +45,7 @@ ORDER = [
     "gpu_load_mask",
     "gpu_overlap",
     "gpu_indexer_search",
+    "gpu_decode_pairs",
     "job_ends",
     "ci_time",
 ]

@@ -113,13 +113,18 @@ def forward_kernels(core: EngineCore, n_layers: int) -> None:
             torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     by_name = Counter(e.name[:70] for e in kernels)
+    us_by_name: Counter[str] = Counter()
+    for e in kernels:
+        us_by_name[e.name[:70]] += e.device_time
     gpu_ms = sum(e.device_time for e in kernels) / 1000
     print(
         f"decode forward (batch {batch}, bucket {bucket}): {len(kernels)} GPU kernels, "
         f"{len(kernels) / n_layers:.1f} per block, {gpu_ms:.2f} ms of kernel time"
     )
-    for name, n in by_name.most_common(30):
-        print(f"{n:6d}  {name}")
+    print("| kernels | GPU ms | us per launch | kernel |\n|---:|---:|---:|---|")
+    for name, us in us_by_name.most_common(30):
+        n = by_name[name]
+        print(f"| {n} | {us / 1000:.3f} | {us / n:.1f} | `{name}` |")
 
 
 if __name__ == "__main__":
