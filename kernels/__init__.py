@@ -73,6 +73,18 @@ def normalize_rows(x: Tensor) -> Tensor:
     return x / sequential_sum(x, dim=-1).unsqueeze(-1)
 
 
+def routed_gates(scores: Tensor, idx: Tensor) -> Tensor:
+    """`normalize_rows(scores.gather(-1, idx))`: the gates of each row's chosen experts
+    (idx distinct within a row). On the Triton path with a gradient to take it is one
+    autograd node (the same forward bits; the backward one scatter, not the ~15 ops of
+    gather, fold and division nodes, per MoE block and micro-batch)."""
+    if use_triton(scores) and scores.requires_grad and torch.is_grad_enabled():
+        from rlsys.kernels.triton_ops.autograd import RoutedGates
+
+        return RoutedGates.apply(scores, idx)
+    return normalize_rows(scores.gather(-1, idx))
+
+
 __all__ = [
     "block_attention",
     "linear",
@@ -81,6 +93,7 @@ __all__ = [
     "moe_combine",
     "normalize_rows",
     "rms_norm",
+    "routed_gates",
     "sequential_sum",
     "sigmoid",
     "silu",

@@ -225,6 +225,29 @@ class SequentialSum(torch.autograd.Function):
         return g.unsqueeze(ctx.dim).expand(ctx.shape), None
 
 
+class RoutedGates(torch.autograd.Function):
+    """`normalize_rows(scores.gather(-1, idx))` as one node: the forward is that expression's
+    bits (the gather, the in-order fold, the division); the backward is its gradient in
+    closed form, d sel = (g - sum_j g_j gates_j) / total, scattered into the scores' row
+    (`scatter_add_`: idx is distinct within a row, so no two adds meet)."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: Tensor, idx: Tensor) -> Tensor:
+        sel = scores.gather(-1, idx)
+        total = in_order_fold(sel, -1)
+        gates = sel / total.unsqueeze(-1)
+        ctx.save_for_backward(idx, gates, total)
+        ctx.width = scores.shape[-1]
+        return gates
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
+        idx, gates, total = ctx.saved_tensors
+        d_sel = (g - (g * gates).sum(-1, keepdim=True)) / total.unsqueeze(-1)
+        out = d_sel.new_zeros(*idx.shape[:-1], ctx.width)
+        return out.scatter_add_(-1, idx, d_sel), None
+
+
 class Combine(torch.autograd.Function):
     """`h + (shared + sum_j gates[:, j] * y_sorted[pos[:, j]])` (N, d) fp32: the MoE's combine
     and residual add as the inference kernel computes them (`moe_route.combine_fwd`, bitwise

@@ -217,13 +217,13 @@ class MoE(nn.Module):
                 own = self._select(scores)
                 idx = torch.where(rows, idx, own)
                 if gates is not None:
-                    own_gates = kernels.normalize_rows(scores.gather(-1, own))
+                    own_gates = kernels.routed_gates(scores, own)
                     gates = torch.where(rows, gates.to(scores.device), own_gates)
             if gates is None:
-                gates = kernels.normalize_rows(scores.gather(-1, idx))
+                gates = kernels.routed_gates(scores, idx)
             return idx, gates.to(scores.device)
         idx = self._select(scores)
-        gates = kernels.normalize_rows(scores.gather(-1, idx))
+        gates = kernels.routed_gates(scores, idx)
         if isinstance(routing, RoutingRecorder):
             routing.add(self.layer, idx, gates)
         return idx, gates
