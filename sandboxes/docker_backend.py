@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -32,7 +33,7 @@ from requests.exceptions import ReadTimeout
 
 from rlsys.sandboxes.base import WORKSPACE_MOUNT, Command, KillReason, RunResult, SandboxError
 from rlsys.sandboxes.capped import CappedStream
-from rlsys.sandboxes.config import DockerSandboxConfig
+from rlsys.sandboxes.config import DockerSandboxConfig, SandboxLimits
 from rlsys.sandboxes.local import BASE_ENV
 from rlsys.sandboxes.runner import infer_limit_reason
 from rlsys.sandboxes.workspace import Workspace, is_alive, process_start_time
@@ -58,6 +59,29 @@ def owner_labels() -> dict[str, str]:
         f"{LABEL}.pid": str(pid),
         f"{LABEL}.start_time": str(process_start_time(pid)),
     }
+
+
+OOM_FLAG_WAIT_S = 2.0  # how long a SIGKILLed container's OOM flag is waited for
+
+
+def _sigkill_reason(
+    container: Any, state: dict[str, Any], wall_s: float, limits: SandboxLimits
+) -> KillReason:
+    """Why a container's command died of a SIGKILL that `run` did not send.
+
+    The engine sets `State.OOMKilled` from the kernel's OOM event, which can reach it after
+    the exit (under load: seen in CI), so the flag is polled for up to OOM_FLAG_WAIT_S. If
+    it never comes, the two senders left are the OOM killer and RLIMIT_CPU's hard limit,
+    which cannot fire before `cpu_seconds` of wall time: an earlier SIGKILL is named
+    "memory", a later one "cpu" (docker keeps no CPU time once the container is gone)."""
+    deadline = time.monotonic() + OOM_FLAG_WAIT_S
+    while not state.get("OOMKilled") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        container.reload()
+        state = container.attrs["State"]
+    if state.get("OOMKilled"):
+        return "memory"
+    return "cpu" if wall_s >= limits.cpu_seconds else "memory"
 
 
 class DockerSandbox:
@@ -101,11 +125,11 @@ class DockerSandbox:
             container.reload()
             state = container.attrs["State"]
             code = int(state["ExitCode"])
+            if reason is None and code == 128 + signal.SIGKILL:
+                reason = _sigkill_reason(container, state, time.monotonic() - start, self.limits)
         finally:
             container.remove(force=True)
             self._container = None
-        if reason is None and state.get("OOMKilled"):
-            reason = "memory"
         stderr = bytes(reader.err.data)
         return RunResult(
             exit_code=code,
