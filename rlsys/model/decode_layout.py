@@ -22,6 +22,8 @@ Legend: B batch (graph size), P page tokens, K Sparse GQA block, MP pages per ta
 
 from __future__ import annotations
 
+import array
+
 import torch
 
 from rlsys.config.model import ModelConfig
@@ -80,20 +82,28 @@ class StaticDecodeLayout:
         n, bsz, mp = len(tokens), self.batch, self.pages
         assert n <= bsz and len(caches) == n  # n = 0: padding only (warm-up and capture)
         p, k, geo_t = self.pool.page_size, self.cfg.sparse_block, self.kv.geo.query_tile
-        lengths, sparse_rows, swa_rows = [], [], []
+        lengths = []
         sp_pad, sw_pad = [self.scratch_sparse] * mp, [self.scratch_swa] * mp
-        for cache in caches:  # host lists, one tensor each: per-row tensors cost ~10x more
+        # the page tables as flat int64 arrays (a C loop per row, one tensor each): a nested
+        # list's torch.tensor took ~0.23 ms per table at batch 64 x 80 pages, this ~0.13
+        sparse_flat, swa_flat = array.array("q"), array.array("q")
+        for cache in caches:
             assert cache.length <= self.max_pos, "the sequence outgrew this graph's bucket"
             self.pool.reserve(cache, cache.length + 1)
             lengths.append(cache.length)
             sp = cache.sparse_pages if self.pool.sparse_k else []
-            sparse_rows.append(sp + sp_pad[len(sp) :])
+            sparse_flat.extend(sp)
+            sparse_flat.extend(sp_pad[len(sp) :])
             sw = [x if x is not None else 0 for x in cache.swa_pages] if self.pool.swa_k else []
-            swa_rows.append(sw + sw_pad[len(sw) :])
+            swa_flat.extend(sw)
+            swa_flat.extend(sw_pad[len(sw) :])
         pad = bsz - n
+        for _ in range(pad):
+            sparse_flat.extend(sp_pad)
+            swa_flat.extend(sw_pad)
         pos = torch.tensor(lengths + [0] * pad, dtype=torch.int64)
-        sparse_tab = torch.tensor(sparse_rows + [sp_pad] * pad, dtype=torch.int64)
-        swa_tab = torch.tensor(swa_rows + [sw_pad] * pad, dtype=torch.int64)
+        sparse_tab = torch.frombuffer(sparse_flat, dtype=torch.int64).view(bsz, mp)
+        swa_tab = torch.frombuffer(swa_flat, dtype=torch.int64).view(bsz, mp)
         page = pos // p
         sp_page = sparse_tab.gather(1, page[:, None])[:, 0]
         sw_page = swa_tab.gather(1, page[:, None])[:, 0]
