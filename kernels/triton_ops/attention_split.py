@@ -44,12 +44,6 @@ from rlsys.kernels.triton_ops.common import dot_precision, interpreting, next_po
 
 # step ids counted per vector load when a program looks for its chunk in a CSR list
 SCAN = 128
-# The part walk's options over the forward's, all of which leave the bits alone. PAIRS:
-# each iteration loads two steps before folding either (in order): on the H200 at `large`'s
-# layer shape, a Sparse GQA decode step's part walk went 176.9 -> 160.2 us at 64 x 4K,
-# 415.5 -> 388.4 us at 64 x 128K and 11.3 -> 10.9 us at 1 x 4K (pipeline depth 2-4: within
-# 5%). Query tiles of 8 or 4 slots (16 or 32 MMA rows, not 64) ran slower and changed bits.
-PART_OPTIONS: dict[str, int] = {"PAIRS": 1}
 
 
 @triton.jit
@@ -79,7 +73,6 @@ def _attn_fwd_part(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
-    PAIRS: tl.constexpr,
 ):  # fmt: skip
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
@@ -97,24 +90,23 @@ def _attn_fwd_part(
         b = tl.minimum(last, chunk_first_step(jj + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
     m, denom, acc = fresh_state(T * G, DP)
-    if PAIRS:
-        # two steps' loads issued before either folds (more bytes in flight per program);
-        # folded in order, so the same bits as one step at a time
-        for i in range(a, b - 1, 2):
-            vis0, k0, v0, s0 = visible_step(
-                i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
-                sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
-                k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
-            vis1, k1, v1, s1 = visible_step(
-                i + 1, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
-                sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
-                k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
-            m, denom, acc = fold_step(m, denom, acc, vis0, v0, s0, PRECISION, UPCAST)
-            m, denom, acc = fold_step(m, denom, acc, vis1, v1, s1, PRECISION, UPCAST)
-        tail = a + (b - a) // 2 * 2
-    else:
-        tail = a
-    for i in range(tail, b):
+    # Two steps' loads are issued before either folds (more bytes in flight per program),
+    # folded in order, so the bits are those of one step at a time. On the H200 at `large`'s
+    # layer shape the part walk went 176.9 -> 160.2 us at 64 x 4K, 415.5 -> 388.4 us at 64 x
+    # 128K, 11.3 -> 10.9 us at 1 x 4K (the pipeline depth, 2-4, within 5%). Query tiles of
+    # 8 or 4 slots (32 or 16 MMA rows, not 64) ran slower and changed bits.
+    for i in range(a, b - 1, 2):
+        vis0, k0, v0, s0 = visible_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
+            sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+        vis1, k1, v1, s1 = visible_step(
+            i + 1, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
+            sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+        m, denom, acc = fold_step(m, denom, acc, vis0, v0, s0, PRECISION, UPCAST)
+        m, denom, acc = fold_step(m, denom, acc, vis1, v1, s1, PRECISION, UPCAST)
+    for i in range(a + (b - a) // 2 * 2, b):  # the odd step left, if any
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
@@ -173,7 +165,6 @@ def split_attention_forward(
     pacc = torch.empty(n, h, n_chunks, dp, dtype=torch.float32, device=q.device)
     step_off, step_ids, bits = csr
     common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d)}
-    part = {**common, **PART_OPTIONS}
     _attn_fwd_part[(tiles.n_tiles, hkv, n_chunks)](
         q, k_pool, v_pool, pm, pl, pacc,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
@@ -183,7 +174,7 @@ def split_attention_forward(
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
         STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
-        PRECISION=dot_precision(q.dtype), SCAN=SCAN, **chunk_constants(chunk), **part,
+        PRECISION=dot_precision(q.dtype), SCAN=SCAN, **chunk_constants(chunk), **common,
     )  # fmt: skip
     _attn_merge[(tiles.n_tiles, hkv)](
         pm, pl, pacc, out, lse, pm.stride(0), pm.stride(1), out.stride(0), out.stride(1),

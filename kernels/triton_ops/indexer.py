@@ -261,7 +261,6 @@ def select_blocks(
     max_pos = tiles.max_pos
     nbp = next_pow2(max_pos // block, at_least=32)
     nw = nbp // 32
-    ksel_p = next_pow2(topk_blocks)
     ids = torch.empty(n, hkv, topk_blocks, dtype=torch.int32, device=dev)
     bits = torch.empty(n, hkv, nw, dtype=torch.int32, device=dev)
     if n == 0:
@@ -284,15 +283,25 @@ def select_blocks(
             HKV=hkv, T=tiles.T, IDX=idx, IDXP=next_pow2(idx), NBT=NBT,
             BPP=bk_table.page_size, BLK=block, UPCAST=interpreting(), PRECISION=precision,
         )  # fmt: skip
-        _topk_select[((r1 - r0) * hkv,)](
-            scores, ids, bits, tiles.q_pos,
-            scores.stride(0), ids.stride(1), bits.stride(1),
-            r0,
-            HKV=hkv, KSEL=topk_blocks, KSELP=ksel_p, NBP=nbp_c, NW=nbp_c // 32, NWO=nw,
-            BLK=block, RANK_MAX=rank_max, GUESSES=guesses,
-            num_warps=max(4, min(16, nbp_c // 1024)),
-        )  # fmt: skip
+        _rank_rows(scores, Selection(ids, bits), tiles.q_pos, r0, hkv, topk_blocks, block,
+                   rank_max, guesses)  # fmt: skip
     return Selection(ids, bits)
+
+
+def _rank_rows(
+    scores: Tensor, out: Selection, q_pos: Tensor, row_base: int, hkv: int, topk: int,
+    block: int, rank_max: int, guesses: int,
+) -> None:  # fmt: skip
+    """`_topk_select` over every row of one score buffer (a power of two wide) into `out`."""
+    nbp = scores.shape[1]
+    _topk_select[(scores.shape[0],)](
+        scores, out.ids, out.bits, q_pos,
+        scores.stride(0), out.ids.stride(1), out.bits.stride(1),
+        row_base,
+        HKV=hkv, KSEL=topk, KSELP=next_pow2(topk), NBP=nbp, NW=nbp // 32,
+        NWO=out.bits.shape[-1], BLK=block, RANK_MAX=rank_max, GUESSES=guesses,
+        num_warps=max(4, min(16, nbp // 1024)),
+    )  # fmt: skip
 
 
 def select_from_scores(
@@ -308,17 +317,13 @@ def select_from_scores(
     if width != nbp:
         scores = torch.nn.functional.pad(scores, (0, nbp - width))
     scores = scores.float().contiguous()
-    ids = torch.empty(r, 1, topk_blocks, dtype=torch.int32, device=scores.device)
-    bits = torch.empty(r, 1, nbp // 32, dtype=torch.int32, device=scores.device)
-    _topk_select[(r,)](
-        scores, ids, bits, n_past.to(torch.int32).contiguous(),
-        scores.stride(0), ids.stride(1), bits.stride(1),
-        0,
-        HKV=1, KSEL=topk_blocks, KSELP=next_pow2(topk_blocks), NBP=nbp, NW=nbp // 32,
-        NWO=nbp // 32, BLK=1, RANK_MAX=rank_max, GUESSES=guesses,
-        num_warps=max(4, min(16, nbp // 1024)),
-    )  # fmt: skip
-    return Selection(ids, bits)
+    out = Selection(
+        torch.empty(r, 1, topk_blocks, dtype=torch.int32, device=scores.device),
+        torch.empty(r, 1, nbp // 32, dtype=torch.int32, device=scores.device),
+    )
+    q_pos = n_past.to(torch.int32).contiguous()
+    _rank_rows(scores, out, q_pos, 0, 1, topk_blocks, 1, rank_max, guesses)
+    return out
 
 
 def _row_chunks(
