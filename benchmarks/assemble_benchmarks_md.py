@@ -46,6 +46,7 @@ ORDER = [
     "gpu_overlap",
     "gpu_indexer_search",
     "gpu_decode_pairs",
+    "gpu_decode_full_batch",
     "job_ends",
     "ci_time",
 ]

@@ -5,13 +5,18 @@ Usage (GPU machine): python benchmarks/bench_engine_gpu.py [--preset medium]
     [--budget-s 500]
 
 For each context (prompt length), CUDA-graph mode and batch size: `batch` requests of a
-`--prompt`-token prompt each generate `--gen` tokens; the table gives decode tokens/s at
+`--prompt`-token prompt decode `--gen` steps all together (the steps while prompts
+prefill, and after the first request ends, are not timed); the table gives decode tokens/s at
 the median decode step (after the first, which captures the graph; one-off kernel compiles
 show in the max), the mean and max step, the share of a decode step spent in the runner's
 step (the forward; with graphs also the on-device sampling and the host's fills and copies),
 the GPU time of the step's graph replay (CUDA events around it) and the host share (1 - that
-over the median step: the part of the step the GPU is not running it), and HBM utilisation = bytes a decode step must read (every weight a step touches
-+ the K/V its attention reads) / step time, against 4.8 TB/s. Rows past `--budget-s`
+over the median step: the part of the step the GPU is not running it), the median GPU gap
+between one replay's end and the next one's start (the step's work outside the graph plus
+the time the device waited for the host), and HBM utilisation = bytes a decode step must
+read (every weight a step touches + the K/V its attention reads) / step time, against 4.8
+TB/s, at the median step and over all timed steps (tokens / time: a pipelined step's wall
+time alternates around the device's period, so the median alone can mislead). Rows past `--budget-s`
 seconds are skipped (the device machine's calls are bounded). `--capture start` (the
 engine's default) captures every graph of the ladder when the runner is built: the table's
 "capture s" column is that start-up cost, and the max step then holds no capture stall;
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import itertools
 import pstats
 import sys
 import time
@@ -78,9 +84,12 @@ def make(  # noqa: ANN201
     model: Transformer, batch: int, prompt: int, args: argparse.Namespace, tp: int, reduce: str,
     graphs: bool, overlap: bool = True,
 ):  # fmt: skip
+    step_tokens = max(batch, 8192)
+    # room for the tokens decoded while the last prompts prefill (see `run`)
+    room = args.gen + -(-batch * prompt // step_tokens) + 8
     ecfg = EngineConfig(
-        max_running=batch, max_context_tokens=prompt + args.gen + 8, device="cuda",
-        max_step_tokens=max(batch, 8192), prefix_cache_tokens=0, tp=tp,
+        max_running=batch, max_context_tokens=prompt + room, device="cuda",
+        max_step_tokens=step_tokens, prefix_cache_tokens=0, tp=tp,
         tp_backend="nccl" if tp > 1 else "threads", cuda_graphs=graphs,
         cuda_graph_capture=args.capture, overlap_decode=overlap,
     )  # fmt: skip
@@ -122,10 +131,18 @@ def run(
     count: bool = False,
     host: cProfile.Profile | None = None,
 ) -> dict[str, float]:  # noqa: ANN001
-    """Decode `gen` tokens for `batch` requests; `host` profiles the timed decode steps."""
+    """Time `gen` decode steps of `batch` requests all decoding; `host` profiles them.
+
+    The prompts are prefilled `max_step_tokens` at a time, and a prefilled request decodes
+    while the others prefill (decode rows go first), so the first ones have generated up to
+    one token per prefill step when the last starts. Each request may generate that many
+    more than `gen`, and only steps of the full batch (every request running, none
+    prefilling) are timed: a row's "batch" is the number of sequences each timed step
+    decodes, not an average over a batch that drains."""
     core = EngineCore(model.cfg, ecfg, runner)
     g = torch.Generator().manual_seed(0)
-    params = SamplingConfig(max_tokens_per_turn=gen)
+    prefill_steps = -(-batch * prompt_len // ecfg.max_step_tokens)
+    params = SamplingConfig(max_tokens_per_turn=gen + prefill_steps + 2)
     for i in range(batch):
         prompt = torch.randint(32, 127, (prompt_len,), generator=g).tolist()
         assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=0)) is None
@@ -180,6 +197,8 @@ def run(
     runner.step = timed_step  # type: ignore[method-assign]
     while core.has_work():  # (a finished request's cache is freed: runners are reusable)
         prefilling = any(s.num_generated == 0 for s in core.running) or core.waiting
+        # untimed: prefill steps, and the drain once the first request has finished
+        prefilling = prefilling or len(core.running) < batch
         before = core.generated_tokens
         forward_before = forward_s
         timed = not prefilling and not first_decode and host is not None
@@ -209,6 +228,10 @@ def run(
     torch.cuda.CUDAGraph.replay = orig_replay  # type: ignore[method-assign]
     torch.cuda.synchronize()
     device_ms = sorted(sum(a.elapsed_time(b) for a, b in step) for step in timed_replays)
+    # the device between one replay's end and the next one's start: the step's work outside
+    # the graph (fills, copies) plus the time it waited for the host
+    flat = [pair for step in timed_replays for pair in step]
+    gaps = sorted(end.elapsed_time(start) for (_, end), (start, _) in itertools.pairwise(flat))
     step_ms = 1000 * decode_s / max(steps, 1)
     step_times.sort()
     graphs = getattr(runner, "graphs", None)
@@ -223,8 +246,15 @@ def run(
         # median GPU time of a step's graph replay, and the share of the median step the
         # GPU is not running it (host work: scheduling, records, sampling off the graph)
         "device_ms": device_ms[len(device_ms) // 2] if device_ms else 0.0,
+        "gap_ms": gaps[len(gaps) // 2] if gaps else 0.0,
+        # every timed step: a pipelined step's wall time alternates around the GPU's period
+        "mean_tok_s": tokens / decode_s if decode_s else 0.0,
         "hbm": step_bytes(model, batch, prompt_len) / step_times[len(step_times) // 2] / 4.8e12
         if step_times
+        else 0.0,
+        # a whole-batch step's bytes per batch-token over the tokens of every timed step
+        "mean_hbm": step_bytes(model, batch, prompt_len) * tokens / batch / decode_s / 4.8e12
+        if decode_s
         else 0.0,
     }
 
@@ -261,11 +291,12 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}"
     )
     print(
-        "\n| kernels | TP | reduction | graphs | batch | context | decode tokens/s | step ms (median / max) "
-        "| forward share | GPU ms (graph) | host share | HBM util | graph replays "
-        "| graphs captured (s) |"
+        "\n| kernels | TP | reduction | graphs | batch | context | decode tokens/s (median step) "
+        "| tokens/s (all steps) | step ms: mean (median / max) | forward share | GPU ms (graph) "
+        "| GPU gap ms | host share | HBM util (median step) | HBM util (all steps) "
+        "| graph replays | graphs captured (s) |"
     )
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kernels, prompt in (
         (k, int(p)) for k in args.kernels.split(",") for p in args.prompts.split(",")
     ):
@@ -316,10 +347,11 @@ def measure(  # noqa: PLR0913
     capture = f"{len(captured.graphs)} ({captured.capture_s:.1f})" if captured is not None else "-"
     host = f"{1 - r['device_ms'] / r['median_ms']:.0%}" if r["device_ms"] else "-"
     device = f"{r['device_ms']:.2f}" if r["device_ms"] else "-"
+    gap = f"{r['gap_ms']:.2f}" if r["device_ms"] else "-"
     return (
-        f"| {r['tok_s']:.0f} | {r['step_ms']:.1f} ({r['median_ms']:.2f} / {r['max_ms']:.0f}) "
-        f"| {r['forward_share']:.0%} | {device} | {host} | {r['hbm']:.1%} | {r['replays']} "
-        f"| {capture} |"
+        f"| {r['tok_s']:.0f} | {r['mean_tok_s']:.0f} | {r['step_ms']:.2f} ({r['median_ms']:.2f} / "
+        f"{r['max_ms']:.0f}) | {r['forward_share']:.0%} | {device} | {gap} | {host} "
+        f"| {r['hbm']:.1%} | {r['mean_hbm']:.1%} | {r['replays']} | {capture} |"
     )
 
 

@@ -137,13 +137,16 @@ def _attn_merge(
     head = g * G + r % G
     d = tl.arange(0, DP)
     m, denom, acc = fresh_state(T * G, DP)
+    # No branch on empty chunks: every chunk's loads are independent of the running state,
+    # so they pipeline. A row's empty chunk (-1e30, 0, and an acc read as 0: a chunk with no
+    # step never stored it) merges as the identity, bitwise (`merge_state`).
     for j in range(0, n_chunks):
         at = qrow * p_stride_n + head * p_stride_h + j
         lc = tl.load(PL + at, mask=present, other=0.0)
-        if tl.max(lc, axis=0) > 0:  # else an empty chunk for every row: the identity
-            mc = tl.load(PM + at, mask=present, other=NEG_INIT)
-            accc = tl.load(PACC + at[:, None] * DP + d[None, :], mask=present[:, None], other=0.0)
-            m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
+        mc = tl.load(PM + at, mask=present, other=NEG_INIT)
+        accc = tl.load(PACC + at[:, None] * DP + d[None, :], mask=present[:, None], other=0.0)
+        accc = tl.where((lc > 0)[:, None], accc, 0.0)  # unwritten memory may hold a NaN
+        m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
     finish_rows(
         m, denom, acc, Out, LSE, GATE, gate_stride_n, qrow, head, present, d, o_stride_n,
         o_stride_h, G * tl.num_programs(1), D, HAS_GATE,

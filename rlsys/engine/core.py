@@ -303,8 +303,10 @@ class EngineCore:
         tokens = prev.launched.tokens
         assert tokens is not None
         if len(live) < len(prev.batch):
-            rows = [i for i, _ in prev.live()]
-            tokens = tokens[torch.tensor(rows, device=tokens.device)]
+            # the kept rows' ids reach the device without blocking the host: a pageable
+            # copy would wait for the step in flight, and the GPU would idle behind the host
+            rows = torch.tensor([i for i, _ in prev.live()], pin_memory=tokens.is_cuda)
+            tokens = tokens[rows.to(tokens.device, non_blocking=True)]
         sampling = [RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s in live]
         launch = self.runner.launch  # type: ignore[attr-defined]
         launched = launch([s.cache_key for s in live], [[0]] * len(live), sampling, tokens)
