@@ -47,6 +47,7 @@ ORDER = [
     "gpu_indexer_search",
     "gpu_decode_pairs",
     "gpu_decode_full_batch",
+    "indexer_probes",
     "job_ends",
     "ci_time",
 ]
