@@ -48,6 +48,7 @@ ORDER = [
     "gpu_decode_pairs",
     "gpu_decode_full_batch",
     "indexer_probes",
+    "engine_gc_pauses",
     "job_ends",
     "ci_time",
 ]
