@@ -16,8 +16,8 @@ between one replay's end and the next one's start (the step's work outside the g
 the time the device waited for the host), and HBM utilisation = bytes a decode step must
 read (every weight a step touches + the K/V its attention reads) / step time, against 4.8
 TB/s, at the median step and over all timed steps (tokens / time: a pipelined step's wall
-time alternates around the device's period, so the median alone can mislead). Rows past `--budget-s`
-seconds are skipped (the device machine's calls are bounded). `--capture start` (the
+time alternates around the device's period, so the median alone can mislead). Rows past
+`--budget-s` seconds are skipped (the device machine's calls are bounded). `--capture start` (the
 engine's default) captures every graph of the ladder when the runner is built: the table's
 "capture s" column is that start-up cost, and the max step then holds no capture stall;
 `lazy` captures each graph on its first use, inside a timed step. `--kernels plain` runs
@@ -80,13 +80,18 @@ def step_bytes(model: Transformer, batch: int, context: int) -> float:
     return weights + batch * (swa + sparse)
 
 
+def prefill_steps(batch: int, prompt: int, step_tokens: int) -> int:
+    """Engine steps the batch's prompts take to prefill, `step_tokens` at a time."""
+    return -(-batch * prompt // step_tokens)
+
+
 def make(  # noqa: ANN201
     model: Transformer, batch: int, prompt: int, args: argparse.Namespace, tp: int, reduce: str,
     graphs: bool, overlap: bool = True,
 ):  # fmt: skip
     step_tokens = max(batch, 8192)
     # room for the tokens decoded while the last prompts prefill (see `run`)
-    room = args.gen + -(-batch * prompt // step_tokens) + 8
+    room = args.gen + prefill_steps(batch, prompt, step_tokens) + 8
     ecfg = EngineConfig(
         max_running=batch, max_context_tokens=prompt + room, device="cuda",
         max_step_tokens=step_tokens, prefix_cache_tokens=0, tp=tp,
@@ -141,8 +146,8 @@ def run(
     decodes, not an average over a batch that drains."""
     core = EngineCore(model.cfg, ecfg, runner)
     g = torch.Generator().manual_seed(0)
-    prefill_steps = -(-batch * prompt_len // ecfg.max_step_tokens)
-    params = SamplingConfig(max_tokens_per_turn=gen + prefill_steps + 2)
+    extra = prefill_steps(batch, prompt_len, ecfg.max_step_tokens)
+    params = SamplingConfig(max_tokens_per_turn=gen + extra + 2)
     for i in range(batch):
         prompt = torch.randint(32, 127, (prompt_len,), generator=g).tolist()
         assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=0)) is None

@@ -11,7 +11,8 @@ syncs; the attention backward's key chunks six per layer.
 `moved_without_sync` moves one tensor of any dtype (a packed batch's fields) the same way.
 Invariant: the values on the device are exactly the host values; the host never waits.
 Safe without holding on to the pinned buffer: PyTorch's caching host allocator does not
-hand a pinned block out again before the copy that reads it has finished.
+hand a pinned block out again before the copy that reads it has finished. A pinned buffer
+kept and rewritten every step has no such guard: `CopyFence` is its.
 """
 
 from __future__ import annotations
@@ -43,3 +44,21 @@ def moved_without_sync(t: Tensor, device: torch.device | str) -> Tensor:
     if device.type == "cpu" or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class CopyFence:
+    """The guard of a pinned host buffer that is rewritten and copied to the device every
+    step: `wait()` before writing it returns once the device has read the last copy (a copy
+    queued behind a step still in flight may not have run yet); `mark()` after queueing the
+    copy. Off CUDA (`pinned` False) both do nothing."""
+
+    def __init__(self, pinned: bool) -> None:
+        self._event = torch.cuda.Event() if pinned else None
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def mark(self) -> None:
+        if self._event is not None:
+            self._event.record()

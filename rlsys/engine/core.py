@@ -55,6 +55,7 @@ from rlsys.engine.runner import DraftingRunner, LaunchedStep, ModelRunner
 from rlsys.engine.sampler import RowParams, SampledToken, request_seed, sample_batch
 from rlsys.engine.sequence import Sequence
 from rlsys.engine.validation import request_error
+from rlsys.kernels.host_to_device import moved_without_sync
 from rlsys.model import RoutedExperts
 from rlsys.tokenizer import ByteTokenizer
 
@@ -303,10 +304,9 @@ class EngineCore:
         tokens = prev.launched.tokens
         assert tokens is not None
         if len(live) < len(prev.batch):
-            # the kept rows' ids reach the device without blocking the host: a pageable
-            # copy would wait for the step in flight, and the GPU would idle behind the host
-            rows = torch.tensor([i for i, _ in prev.live()], pin_memory=tokens.is_cuda)
-            tokens = tokens[rows.to(tokens.device, non_blocking=True)]
+            # without a sync: a pageable copy would wait for the step in flight
+            rows = torch.tensor([i for i, _ in prev.live()])
+            tokens = tokens[moved_without_sync(rows, tokens.device)]
         sampling = [RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s in live]
         launch = self.runner.launch  # type: ignore[attr-defined]
         launched = launch([s.cache_key for s in live], [[0]] * len(live), sampling, tokens)

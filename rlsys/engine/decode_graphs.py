@@ -49,6 +49,7 @@ from rlsys.engine.sampler import (
     draw_uniforms,
     sample_rows,
 )
+from rlsys.kernels.host_to_device import CopyFence
 from rlsys.model import RoutedExperts, RoutingRecorder, Transformer
 from rlsys.model.decode_layout import StaticDecodeLayout, scratch_pages
 from rlsys.model.paged_cache import PagedSeqCache
@@ -65,8 +66,7 @@ class SamplingBuffers:
         pin = device.type == "cuda"
         self.host = torch.zeros(5, batch, dtype=torch.float64, pin_memory=pin)
         self.dev = torch.zeros(5, batch, dtype=torch.float64, device=device)
-        # as `StaticDecodeLayout._copied`: the host buffer is rewritten once the device read it
-        self._copied = torch.cuda.Event() if pin else None
+        self._copied = CopyFence(pin)  # the host buffer is rewritten once the device read it
         self.fill([])
 
     def tensors(self) -> RowTensors:
@@ -74,8 +74,7 @@ class SamplingBuffers:
         return RowTensors(d[0].float(), d[1].long(), d[2], d[3].long(), d[4])
 
     def fill(self, rows: list[RowParams]) -> None:
-        if self._copied is not None:
-            self._copied.synchronize()
+        self._copied.wait()
         h, n = self.host, len(rows)
         h[:, n:] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5], dtype=torch.float64)[:, None]
         if n:
@@ -85,8 +84,7 @@ class SamplingBuffers:
             h[3, :n] = torch.tensor([float(r.cap) for r in rows], dtype=torch.float64)
             h[4, :n] = torch.tensor(draw_uniforms(rows), dtype=torch.float64)
         self.dev.copy_(h, non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        self._copied.mark()
 
 
 @dataclass

@@ -28,6 +28,7 @@ import torch
 
 from rlsys.config.model import ModelConfig
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.host_to_device import CopyFence
 from rlsys.model.kv_layout import PagedLayout, TritonKV, geometry
 from rlsys.model.paged_cache import PagedSeqCache, PagePool
 
@@ -52,9 +53,9 @@ class StaticDecodeLayout:
         self._host32 = torch.zeros(self._n32, dtype=torch.int32, pin_memory=pin)
         self._dev64 = torch.zeros(self._n64, dtype=torch.int64, device=dev)
         self._dev32 = torch.zeros(self._n32, dtype=torch.int32, device=dev)
-        # recorded after the last fill's copies: the next fill rewrites the pinned buffers
-        # only once the device has read them (a step queued ahead may not have started)
-        self._copied = torch.cuda.Event() if pin else None
+        # the next fill rewrites the pinned buffers once the device has read them (a step
+        # queued ahead may not have started)
+        self._copied = CopyFence(pin)
         b64, b32 = self._dev64, self._dev32
         self.tokens, self.positions = b64[:batch], b64[batch : 2 * batch]
         sparse_rows, swa_rows = b64[2 * batch : 3 * batch], b64[3 * batch : 4 * batch]
@@ -120,8 +121,7 @@ class StaticDecodeLayout:
         tok_page = torch.where(
             completes[:, None], sparse_tab.gather(1, tok // p), self.scratch_sparse
         )
-        if self._copied is not None:
-            self._copied.synchronize()
+        self._copied.wait()
         h64 = self._host64
         h64[:bsz] = 0
         h64[:n] = torch.tensor(tokens, dtype=torch.int64)
@@ -139,8 +139,7 @@ class StaticDecodeLayout:
         h32[4 * bsz :] = tables.reshape(-1)
         self._dev64.copy_(h64, non_blocking=True)
         self._dev32.copy_(h32, non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        self._copied.mark()
 
     def advance(self, caches: list[PagedSeqCache]) -> None:
         """After the forward: each sequence holds one more token; release out-of-window pages."""
