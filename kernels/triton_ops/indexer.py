@@ -119,11 +119,9 @@ def _order_key(x):
 
 
 @triton.jit
-def _kth_key(key, valid, n_valid, hint, KSEL: tl.constexpr, GUESSES: tl.constexpr):
+def _kth_key(key, valid, n_valid, KSEL: tl.constexpr, GUESSES: tl.constexpr):
     """The k-th largest key of a row (k = KSEL < n_valid), and whether exactly KSEL keys are
     >= it (no tie at the k-th key: the selection is then `key >= it` with no ranking).
-    `hint` (an int64 key, e.g. the previous query's result) is the first probe when it lies
-    strictly inside the starting bracket; like every guess it changes only the probe count.
 
     A search on a bracket [lo, hi): count(key >= lo) >= KSEL > count(key >= hi), from the
     row's smallest key to one past its largest. The first GUESSES probes are regula falsi on
@@ -146,7 +144,6 @@ def _kth_key(key, valid, n_valid, hint, KSEL: tl.constexpr, GUESSES: tl.constexp
         half = lo + (hi - lo) // 2
         guess = v_lo + (v_hi - v_lo) * ((c_lo - aim) / (c_lo - c_hi))
         probe = _order_key(guess).to(tl.int64)
-        probe = tl.where((probes == 0) & (hint > lo) & (hint < hi), hint, probe)
         probe = tl.where((probes < GUESSES) & (probe > lo) & (probe < hi), probe, half)
         c = _count((key >= probe.to(tl.int32)) & valid)
         probes += 1
@@ -172,38 +169,14 @@ def _kth_key(key, valid, n_valid, hint, KSEL: tl.constexpr, GUESSES: tl.constexp
 def _topk_select(
     S, IDS, BITS, QPOS,
     s_stride_r, ids_stride_r, bits_stride_r,
-    row_base, n_queries,
-    HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
-    NBP: tl.constexpr, NW: tl.constexpr, NWO: tl.constexpr, BLK: tl.constexpr,
-    RANK_MAX: tl.constexpr, GUESSES: tl.constexpr, ROWS: tl.constexpr,
-):  # fmt: skip
-    """NBP: the blocks this launch's rows can have (a power of two >= their largest past);
-    NWO >= NW = NBP / 32: the bitmap words of a row in BITS (the words past NW are 0).
-    One program: ROWS consecutive queries of one group, in order; each row's search starts
-    from the k-th key of the row before (adjacent queries select nearly the same blocks:
-    ~6 counts instead of ~12 on a 128K row, in `benchmarks/results`), which changes no
-    selection (`_kth_key`)."""
-    g = tl.program_id(0) % HKV
-    q0 = (tl.program_id(0) // HKV).to(tl.int64) * ROWS
-    hint = tl.full([], -(1 << 40), tl.int64)  # outside every bracket: no hint
-    for i in range(ROWS):
-        if q0 + i < n_queries:
-            hint = _select_row(
-                S, IDS, BITS, QPOS, s_stride_r, ids_stride_r, bits_stride_r, row_base,
-                (q0 + i) * HKV + g, hint, HKV, KSEL, KSELP, NBP, NW, NWO, BLK, RANK_MAX,
-                GUESSES,
-            )  # fmt: skip
-
-
-@triton.jit
-def _select_row(
-    S, IDS, BITS, QPOS, s_stride_r, ids_stride_r, bits_stride_r, row_base, local, hint,
+    row_base,
     HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
     NBP: tl.constexpr, NW: tl.constexpr, NWO: tl.constexpr, BLK: tl.constexpr,
     RANK_MAX: tl.constexpr, GUESSES: tl.constexpr,
 ):  # fmt: skip
-    """Select the blocks of score row `local` (query row_base + local // HKV); returns the
-    k-th key it found (the next row's hint), or `hint` when the row needed no search."""
+    """NBP: the blocks this launch's rows can have (a power of two >= their largest past);
+    NWO >= NW = NBP / 32: the bitmap words of a row in BITS (the words past NW are 0)."""
+    local = tl.program_id(0).to(tl.int64)
     row = row_base * HKV + local
     npast = tl.load(QPOS + row // HKV) // BLK
     # The row held as (NW, 32): entry (w, i) is block 32 w + i, i.e. bit i of bitmap word w,
@@ -213,7 +186,6 @@ def _select_row(
     valid = b < npast
     x = tl.load(S + local * s_stride_r + b, mask=valid, other=0.0)
     key = tl.where(valid, _order_key(x), tl.zeros_like(b))
-    found = hint
     if npast <= KSEL:
         sel = valid
     elif NBP <= RANK_MAX:
@@ -228,8 +200,7 @@ def _select_row(
         sel = tl.reshape(flat_valid & (rank < KSEL), (NW, 32))
     else:
         # long rows: search the k-th largest key, then take ties by lower id
-        tau, exact = _kth_key(key, valid, tl.minimum(npast, NBP), hint, KSEL, GUESSES)
-        found = tau.to(tl.int64)
+        tau, exact = _kth_key(key, valid, tl.minimum(npast, NBP), KSEL, GUESSES)
         if exact == 1:  # exactly KSEL keys >= tau: nothing tied at the boundary
             sel = valid & (key >= tau)
         else:
@@ -252,7 +223,6 @@ def _select_row(
     if NWO > NW:
         rest = tl.arange(0, NWO)
         tl.store(BITS + row * bits_stride_r + rest, tl.zeros([NWO], tl.int32), mask=rest >= NW)
-    return found
 
 
 @dataclass(frozen=True)
@@ -318,34 +288,18 @@ def select_blocks(
     return Selection(ids, bits)
 
 
-# Score rows a selection program takes in turn (consecutive queries of one group), once a
-# launch has enough rows to fill the GPU with programs that way: a decode step's few rows
-# keep one program each, a long prefill's take ROWS_MAX each (its programs run one row at a
-# time per SM either way: a 128K row is 16K keys in registers).
-ROWS_MAX = 8
-ROWS_FROM = 1 << 14
-
-
-def rows_per_program(n_rows: int) -> int:
-    """Consecutive rows one `_topk_select` program selects (a speed choice: the selection
-    is the same for any value)."""
-    return ROWS_MAX if n_rows >= ROWS_FROM else 1
-
-
 def _rank_rows(
     scores: Tensor, out: Selection, q_pos: Tensor, row_base: int, hkv: int, topk: int,
     block: int, rank_max: int, guesses: int,
 ) -> None:  # fmt: skip
     """`_topk_select` over every row of one score buffer (a power of two wide) into `out`."""
     nbp = scores.shape[1]
-    n_queries = scores.shape[0] // hkv
-    rows = rows_per_program(n_queries * hkv)
-    _topk_select[(triton.cdiv(n_queries, rows) * hkv,)](
+    _topk_select[(scores.shape[0],)](
         scores, out.ids, out.bits, q_pos,
         scores.stride(0), out.ids.stride(1), out.bits.stride(1),
-        row_base, n_queries,
+        row_base,
         HKV=hkv, KSEL=topk, KSELP=next_pow2(topk), NBP=nbp, NW=nbp // 32,
-        NWO=out.bits.shape[-1], BLK=block, RANK_MAX=rank_max, GUESSES=guesses, ROWS=rows,
+        NWO=out.bits.shape[-1], BLK=block, RANK_MAX=rank_max, GUESSES=guesses,
         num_warps=max(4, min(16, nbp // 1024)),
     )  # fmt: skip
 

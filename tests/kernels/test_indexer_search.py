@@ -13,7 +13,6 @@ import torch
 
 pytest.importorskip("triton")
 
-from rlsys.kernels.triton_ops import indexer  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_from_scores  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -68,54 +67,3 @@ def test_search_selects_the_reference_top_k(kind: str, guesses: int) -> None:
         assert ids[r].tolist() == want, (kind, r)
         w = [int(v) & 0xFFFFFFFF for v in words[r]]
         assert [b for b in range(32 * len(w)) if (w[b // 32] >> (b % 32)) & 1] == want, (kind, r)
-
-
-@pytest.mark.parametrize("kind", ["drifting", *KINDS])
-def test_rows_searched_in_turn_from_the_last_k_th_key_select_the_same(
-    kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A program selects several consecutive rows, each search starting from the k-th key
-    of the row before (a long prefill's rows): the selection is the reference's whatever
-    that hint is, close (rows drifting slowly, as adjacent queries' scores do), far, or a
-    key of another kind of row; 13 rows, so the last program has a partial run."""
-    monkeypatch.setattr(indexer, "ROWS_FROM", 1)  # every launch: ROWS_MAX rows per program
-    g = torch.Generator().manual_seed(40 + len(kind))
-    n = 13
-    if kind == "drifting":
-        scores = torch.randn(WIDTH, generator=g) + 0.05 * torch.randn(n, WIDTH, generator=g)
-    else:  # each row of a kind, then a gaussian row: the hint comes from another kind
-        scores = torch.stack([_rows(kind, 1, g)[0] if r % 2 else _rows("gaussian", 1, g)[0]
-                              for r in range(n)])  # fmt: skip
-    n_past = torch.randint(K + 1, WIDTH + 1, (n,), generator=g)
-    sel = select_from_scores(scores.to(DEV), n_past.to(DEV), topk_blocks=K, rank_max=0)
-    ids = sel.ids[:, 0].cpu()
-    for r, want in enumerate(_reference(scores, n_past)):
-        assert ids[r].tolist() == want, (kind, r)
-
-
-def test_prefill_selection_is_the_same_rows_in_turn_or_one_per_program(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`select_blocks` over packed prefills with several KV groups: a program taking
-    ROWS_MAX consecutive queries of one group (rows q * Hkv + g) selects what one program
-    per row selects, ids and bitmaps."""
-    from rlsys.kernels.attention_plan import plan_tiles
-    from rlsys.kernels.triton_ops.indexer import select_blocks
-    from tests.kernels.triton_cases import paged_case, prefill_spans
-
-    hkv, block, idx, topk = 2, 2, 8, 5
-    case = paged_case([150, 9, 70], hkv, 8, 32, block, idx, DEV, seed=7)
-    g = torch.Generator().manual_seed(8)
-    n = sum(case.lengths)
-    qi = torch.randn(n, hkv, idx, generator=g).to(DEV)
-    tiles = plan_tiles(prefill_spans(case.lengths), 16, DEV)
-
-    def select() -> tuple[torch.Tensor, torch.Tensor]:
-        sel = select_blocks(qi, case.block_keys, tiles, case.bk, topk_blocks=topk, block=block,
-                            rank_max=0)  # fmt: skip
-        return sel.ids.cpu(), sel.bits.cpu()
-
-    one_each = select()
-    monkeypatch.setattr(indexer, "ROWS_FROM", 1)
-    in_turn = select()
-    assert torch.equal(in_turn[0], one_each[0]) and torch.equal(in_turn[1], one_each[1])
