@@ -6,15 +6,20 @@ The preset is cut to `--layers` blocks (same 3:1 pattern) so the profile is quic
 warm-up `train_step` on two sequences of `--length` tokens (replay on, chunked LM head),
 then one profiled step: wall time, GPU kernel time and its share of the wall (GPU busy), the
 top ops by device and host time, and per step the kernel launches and `aten` op calls (all,
-and the most frequent). Depends only on APIs main has had since the trainer existed, so the
+and the most frequent). `--syncs` then runs one more step under CUDA's sync debug mode and
+prints each place in the project that made the host wait for the device (a wait drains the
+device's queue: it idles until the host has launched the next kernels), with its count. Depends only on APIs main has had since the trainer existed, so the
 same script measures an older tree (copy it over) for a before/after.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -38,6 +43,7 @@ def main() -> None:
     p.add_argument("--preset", default="large")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--length", type=int, default=8192)
+    p.add_argument("--syncs", action="store_true", help="list the step's host waits by place")
     args = p.parse_args()
     torch.manual_seed(0)
     cfg = preset(args.preset).with_overrides({"n_layers": args.layers})
@@ -78,6 +84,35 @@ def main() -> None:
         f"profiler; {sum(aten.values()):,} aten op calls"
     )
     print("most frequent aten ops: " + ", ".join(f"{k[6:]} {v:,}" for k, v in top))
+    if args.syncs:
+        print_syncs(trainer, trajs)
+
+
+def print_syncs(trainer: Trainer, trajs: list) -> None:
+    """One step under sync debug mode: each synchronizing call's innermost project frames."""
+    root = str(Path(__file__).resolve().parents[1])
+    places: collections.Counter[str] = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001, ARG001
+        if "synchronizing" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)]
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[::-1][:3])
+        places[where or "(outside the project)"] += 1
+
+    shown = warnings.showwarning
+    warnings.showwarning = record
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        trainer.train_step(trajs)
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = shown
+    print(f"host waits in one step: {sum(places.values())}")
+    for where, n in places.most_common(20):
+        print(f"  {n:5d}  {where}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ for step in "$@"; do
         tests/trainer/test_trainer_cuda.py tests/engine/test_sync_group.py \
         tests/kernels/test_reference_cuda.py tests/kernels/test_linear_schedules.py \
         tests/engine/test_decode_graphs.py tests/trainer/test_fsdp_cuda.py \
-        tests/kernels/test_linear_invariance.py tests/kernels/test_host_to_device.py 2>&1 \
+        tests/kernels/test_linear_invariance.py tests/kernels/test_host_to_device.py \
+        tests/kernels/test_indexer_search.py tests/kernels/test_invert_steps.py 2>&1 \
         | tee "$OUT/tests.log" | tail -40 ;;
     dense)
       timeout "${DENSE_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
@@ -79,8 +80,8 @@ for step in "$@"; do
     kern)
       timeout "${KERN_TIMEOUT:-300}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
         tests/kernels/test_triton_attention.py tests/kernels/test_attention_split.py \
-        tests/model/test_triton_path.py tests/kernels/test_host_to_device.py 2>&1 \
-        | tee "$OUT/kern.log" | tail -15 ;;
+        tests/model/test_triton_path.py tests/kernels/test_host_to_device.py \
+        tests/kernels/test_indexer_search.py 2>&1 | tee "$OUT/kern.log" | tail -15 ;;
     tp)
       timeout "${TP_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/engine/test_tp_cuda.py tests/kernels/test_triton_cuda.py tests/trainer/test_trainer_cuda.py \

@@ -309,17 +309,25 @@ def _invert_steps(
     step_off: Tensor, step_ids: Tensor, tiles: QueryTiles, chunks: dict, hkv: int
 ) -> tuple[Tensor, Tensor]:
     """CSR over (key chunk, group) of the query tiles whose union visits that chunk,
-    ascending tile order (a fixed accumulation order for dK/dV)."""
+    ascending tile order (a fixed accumulation order for dK/dV).
+
+    Without a device sync: `step_ids` may be longer than its CSR's total (`union_steps`
+    sizes it by a bound, so the host never reads the total), so every slot is inverted and
+    the slots past the total get a key past every real one, which sorts them last, where
+    no offset reaches. Offsets come from searching the sorted keys, not from counting them
+    (`bincount` and a `repeat_interleave` by device counts each read a size back)."""
     dev = step_ids.device
-    counts = (step_off[1:] - step_off[:-1]).long()
-    tg = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts)
-    tile, g = tg // hkv, tg % hkv
-    chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids[: tg.shape[0]].long()
-    key = chunk * hkv + g
-    order = torch.argsort(key * tiles.n_tiles + tile)
-    per_key = torch.bincount(key, minlength=chunks["n"] * hkv)
-    inv_off = torch.zeros(chunks["n"] * hkv + 1, dtype=torch.int64, device=dev)
-    inv_off[1:] = torch.cumsum(per_key, 0)
+    slot = torch.arange(step_ids.shape[0], device=dev)
+    owner = torch.searchsorted(step_off.long(), slot, right=True) - 1  # its (tile, group)
+    used = slot < step_off[-1]
+    owner = torch.where(used, owner, 0)
+    tile, g = owner // hkv, owner % hkv
+    n_keys = chunks["n"] * hkv
+    chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids.long()
+    key = torch.where(used, chunk * hkv + g, n_keys)
+    order = torch.argsort(key * tiles.n_tiles + tile, stable=True)
+    keys = torch.arange(n_keys + 1, device=dev)
+    inv_off = torch.searchsorted(key[order], keys)  # first sorted slot of each key
     return inv_off.to(torch.int32), tile[order].to(torch.int32)
 
 
