@@ -31,6 +31,7 @@ class EngineReplica:
         import torch
 
         from rlsys.engine.backends import build_engine, engine_config
+        from rlsys.engine.gc_freeze import freeze_startup_objects
         from rlsys.engine.sync_group import GroupMember
 
         torch.set_num_threads(1)  # replicas share few cores with workers and the trainer
@@ -44,6 +45,8 @@ class EngineReplica:
         self.model_cfg = cfg.model.resolve()
         self.sync = GroupMember()
         self.plan: BucketPlan | None = None  # the weight-broadcast bucket plan, once needed
+        # this process owns its engine for life: full collections skip the start-up's objects
+        freeze_startup_objects()
 
     def ready(self) -> str:
         return self.replica_id

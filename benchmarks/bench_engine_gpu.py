@@ -29,7 +29,10 @@ default) and without (step by step); with overlap a step's launch-to-results tim
 two engine steps, so "forward share" can pass 100%. `--host-profile N` prints, after each
 row, the N functions that took the most host time (cProfile; by own, then by cumulative
 time) over its timed decode steps: where the host share goes (use `--capture start`, or
-the steps that capture a graph fill the profile).
+the steps that capture a graph fill the profile). Every row also gives the timed steps in
+which a garbage collection ran and the longest such pause (and the slowest step's):
+`--gc-freeze` freezes the start-up's objects first, as the engine replica process does
+(`rlsys.engine.gc_freeze`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import itertools
 import pstats
 import sys
@@ -48,12 +52,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_engine import plain_kernels  # noqa: E402
+from benchmarks.engine_gc_pauses import Pauses  # noqa: E402
 from benchmarks.kernel_count import count_launches  # noqa: E402
 from rlsys.config.engine import EngineConfig  # noqa: E402
 from rlsys.config.model import ModelConfig, preset  # noqa: E402
 from rlsys.config.sampling import SamplingConfig  # noqa: E402
 from rlsys.engine.api import GenerationRequest  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
+from rlsys.engine.gc_freeze import freeze_startup_objects  # noqa: E402
 from rlsys.engine.runner import LaunchedStep  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
@@ -200,6 +206,9 @@ def run(
     if orig_launch is not None:
         runner.launch = timed_launch  # type: ignore[method-assign]
     runner.step = timed_step  # type: ignore[method-assign]
+    pauses = Pauses()  # every garbage collection's pause, to match slow steps with them
+    gc.callbacks.append(pauses)
+    step_gc: list[float] = []  # per timed step: seconds paused in collections
     while core.has_work():  # (a finished request's cache is freed: runners are reusable)
         prefilling = any(s.num_generated == 0 for s in core.running) or core.waiting
         # untimed: prefill steps, and the drain once the first request has finished
@@ -209,6 +218,7 @@ def run(
         timed = not prefilling and not first_decode and host is not None
         if timed:
             host.enable()
+        paused_before = pauses.total()
         t0 = time.perf_counter()
         core.step()
         if timed:
@@ -219,6 +229,7 @@ def run(
                 count_forward(model.cfg, runner, core)
         elif not prefilling:
             step_times.append(time.perf_counter() - t0)
+            step_gc.append(pauses.total() - paused_before)
             decode_s += step_times[-1]
             tokens += core.generated_tokens - before
             steps += 1
@@ -227,6 +238,7 @@ def run(
         else:
             forward_s = forward_before
         replays.clear()
+    gc.callbacks.remove(pauses)
     runner.step = orig  # type: ignore[method-assign]
     if orig_launch is not None:
         runner.launch = orig_launch  # type: ignore[method-assign]
@@ -238,11 +250,17 @@ def run(
     flat = [pair for step in timed_replays for pair in step]
     gaps = sorted(end.elapsed_time(start) for (_, end), (start, _) in itertools.pairwise(flat))
     step_ms = 1000 * decode_s / max(steps, 1)
+    slowest = max(range(len(step_times)), key=step_times.__getitem__, default=None)
     step_times.sort()
     graphs = getattr(runner, "graphs", None)
     return {
         "median_ms": 1000 * step_times[len(step_times) // 2] if step_times else 0.0,
         "max_ms": 1000 * step_times[-1] if step_times else 0.0,
+        # garbage collections inside timed steps: how many steps paused, and for how long
+        # the slowest step was paused (a full collection stalls the steps queued ahead)
+        "gc_steps": sum(1 for p in step_gc if p > 0),
+        "gc_max_ms": 1000 * max(step_gc, default=0.0),
+        "gc_slowest_ms": 1000 * step_gc[slowest] if slowest is not None else 0.0,
         "replays": graphs.steps if graphs is not None else 0,
         # the median step: one-off kernel compiles and graph captures are not throughput
         "tok_s": batch / step_times[len(step_times) // 2] if step_times else 0.0,
@@ -285,6 +303,11 @@ def main() -> None:
     parser.add_argument(
         "--host-profile", type=int, default=0, help="print the N costliest host functions"
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() once the runner is built (what the engine replica does at start-up)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -299,9 +322,11 @@ def main() -> None:
         "\n| kernels | TP | reduction | graphs | batch | context | decode tokens/s (median step) "
         "| tokens/s (all steps) | step ms: mean (median / max) | forward share | GPU ms (graph) "
         "| GPU gap ms | host share | HBM util (median step) | HBM util (all steps) "
-        "| graph replays | graphs captured (s) |"
+        "| graph replays | graphs captured (s) | steps with a GC pause | GC pause ms: max (slowest step) |"
     )
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for kernels, prompt in (
         (k, int(p)) for k in args.kernels.split(",") for p in args.prompts.split(",")
     ):
@@ -337,6 +362,8 @@ def measure(  # noqa: PLR0913
             model, batch, prompt, args, tp, reduce if tp > 1 else "tree", graphs, overlap
         )
         captured = getattr(runner, "graphs", None)
+        if args.gc_freeze:
+            freeze_startup_objects()
         host = cProfile.Profile() if args.host_profile else None
         try:
             r = run(model, batch, prompt, runner, ecfg, args.gen, args.count and graphs, host)
@@ -356,7 +383,8 @@ def measure(  # noqa: PLR0913
     return (
         f"| {r['tok_s']:.0f} | {r['mean_tok_s']:.0f} | {r['step_ms']:.2f} ({r['median_ms']:.2f} / "
         f"{r['max_ms']:.0f}) | {r['forward_share']:.0%} | {device} | {gap} | {host} "
-        f"| {r['hbm']:.1%} | {r['mean_hbm']:.1%} | {r['replays']} | {capture} |"
+        f"| {r['hbm']:.1%} | {r['mean_hbm']:.1%} | {r['replays']} | {capture} "
+        f"| {r['gc_steps']} | {r['gc_max_ms']:.1f} ({r['gc_slowest_ms']:.1f}) |"
     )
 
 

@@ -32,6 +32,7 @@ from rlsys.config.model import preset  # noqa: E402
 from rlsys.config.sampling import SamplingConfig  # noqa: E402
 from rlsys.engine.api import GenerationRequest  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
+from rlsys.engine.gc_freeze import freeze_startup_objects  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 
 
@@ -47,6 +48,10 @@ class Pauses:
             self._t0 = time.perf_counter()
         else:
             self.by_gen[info["generation"]].append(time.perf_counter() - self._t0)
+
+    def total(self) -> float:
+        """Seconds paused in every collection so far."""
+        return sum(sum(ps) for ps in self.by_gen.values())
 
 
 def main() -> None:
@@ -70,8 +75,7 @@ def main() -> None:
         params = SamplingConfig(max_tokens_per_turn=args.gen)
         assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=i)) is None
     if args.freeze:
-        gc.collect()
-        gc.freeze()
+        freeze_startup_objects()
     start_objects = len(gc.get_objects())
     pauses = Pauses()
     gc.callbacks.append(pauses)
