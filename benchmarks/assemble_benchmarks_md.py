@@ -49,6 +49,7 @@ ORDER = [
     "gpu_decode_full_batch",
     "indexer_probes",
     "engine_gc_pauses",
+    "gpu_trainer_syncs",
     "job_ends",
     "ci_time",
 ]
