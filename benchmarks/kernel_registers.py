@@ -79,8 +79,8 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
     return [
         ("forward walk", f"{MODULE}.attention_fwd:_attn_fwd", {**chunks, "HAS_GATE": True},
          forward_launch(d)),
-        ("split part", f"{MODULE}.attention_split:_attn_fwd_part", {**chunks, "SCAN": 128},
-         forward_launch(d)),
+        ("split part", f"{MODULE}.attention_split:_attn_fwd_part",
+         {**chunks, "SCAN": 128, "ONE_ROW": True}, forward_launch(d)),
         ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq", {}, attention_bwd.DQ_LAUNCH),
         ("backward dk dv", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {}, attention_bwd.DKV_LAUNCH),
     ]  # fmt: skip

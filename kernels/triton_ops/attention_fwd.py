@@ -278,6 +278,20 @@ def visible_step(
         i, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
         SPARSE, STEP, BLK,
     )  # fmt: skip
+    k, v, s = step_scores(
+        q, qk_scale, kpos, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride,
+        k_stride_r, d, D, PAGE, UPCAST, PRECISION,
+    )  # fmt: skip
+    return vis, k, v, s
+
+
+@triton.jit
+def step_scores(
+    q, qk_scale, kpos, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+    D: tl.constexpr, PAGE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """A step's keys and values at positions kpos (zeros where not `kneed`), and the scores
+    s = q k^T * qk_scale of every row and key."""
     k_base, v_base = K + g * k_stride_g, V + g * k_stride_g
     k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
     v = load_keys(v_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
@@ -285,7 +299,7 @@ def visible_step(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
-    return vis, k, v, s
+    return k, v, s
 
 
 @triton.jit

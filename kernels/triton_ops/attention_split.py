@@ -37,6 +37,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     load_queries,
     merge_state,
     query_tile,
+    step_scores,
     tile_rows,
     visible_step,
 )
@@ -61,6 +62,65 @@ def chunk_slots(step_ids, first, last, lo_step, hi_step, SCAN: tl.constexpr):
 
 
 @triton.jit
+def one_row_visibility(
+    c, kpos, qpos1, qrow1, hi, present, g, window, sel_bits, sb_stride_n, sb_stride_g,
+    SPARSE: tl.constexpr, BLK: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    """`row_visibility` at step c (keys kpos) of a tile whose only query is at qpos1 (query
+    row qrow1; none when qpos1 = hi): which keys that query sees, found once per key (one
+    bitmap word per step, not one per row) and broadcast over the rows; rows not present
+    see nothing. The same mask, so the same bits: the decode walk is bound by instruction
+    issue, and most of this mask's integer work was on the tile's empty rows."""
+    seen = kpos <= qpos1
+    if SPARSE:
+        kblk = kpos // BLK
+        first_blk = c * STEP // BLK  # the step's first block (steps are STEP-aligned)
+        word = tl.load(
+            sel_bits + qrow1 * sb_stride_n + g * sb_stride_g + first_blk // 32,
+            mask=(qpos1 < hi) & (first_blk * BLK <= qpos1),
+            other=0,
+        )
+        chosen = ((word >> (kblk % 32)) & 1) == 1
+        seen = seen & ((kblk == qpos1 // BLK) | chosen)
+    else:
+        seen = seen & (kpos > qpos1 - window)
+    return present[:, None] & seen[None, :]
+
+
+@triton.jit
+def part_step(
+    i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window, sel_bits,
+    sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+    D: tl.constexpr, STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_ROW: tl.constexpr,
+):  # fmt: skip
+    """`visible_step` of the part walk; with ONE_ROW (every tile of the call holds one
+    query: a plain decode step) its mask comes from `one_row_visibility`."""
+    if ONE_ROW:
+        if SPARSE:
+            c = tl.load(step_ids + i)
+        else:
+            c = i
+        kpos = c * STEP + tl.arange(0, STEP)
+        vis = one_row_visibility(
+            c, kpos, qpos1, qrow1, hi, present, g, window, sel_bits, sb_stride_n,
+            sb_stride_g, SPARSE, BLK, STEP,
+        )  # fmt: skip
+        k, v, s = step_scores(
+            q, qk_scale, kpos, kpos < hi, g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, PAGE, UPCAST, PRECISION,
+        )  # fmt: skip
+    else:
+        vis, k, v, s = visible_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
+            sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION,
+        )  # fmt: skip
+    return vis, k, v, s
+
+
+@triton.jit
 def _attn_fwd_part(
     Q, K, V, PM, PL, PACC,
     q_stride_n, q_stride_h, k_stride_r, k_stride_g, p_stride_n, p_stride_h,
@@ -73,6 +133,7 @@ def _attn_fwd_part(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
+    ONE_ROW: tl.constexpr,
 ):  # fmt: skip
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
@@ -90,27 +151,30 @@ def _attn_fwd_part(
         b = tl.minimum(last, chunk_first_step(jj + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
     m, denom, acc = fresh_state(T * G, DP)
+    # with ONE_ROW, the tile's one query: its position and row (as `tile_rows` gives them)
+    qpos1 = lo
+    qrow1 = tl.load(tile_row + tile).to(tl.int64)
     # Two steps' loads are issued before either folds (more bytes in flight per program),
     # folded in order, so the bits are those of one step at a time. On the H200 at `large`'s
     # layer shape the part walk went 176.9 -> 160.2 us at 64 x 4K, 415.5 -> 388.4 us at 64 x
     # 128K, 11.3 -> 10.9 us at 1 x 4K (the pipeline depth, 2-4, within 5%). Query tiles of
     # 8 or 4 slots (32 or 16 MMA rows, not 64) ran slower and changed bits.
     for i in range(a, b - 1, 2):
-        vis0, k0, v0, s0 = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
-            sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
-            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
-        vis1, k1, v1, s1 = visible_step(
-            i + 1, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
-            sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
-            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+        vis0, k0, v0, s0 = part_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window,
+            sel_bits, sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW)  # fmt: skip
+        vis1, k1, v1, s1 = part_step(
+            i + 1, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window,
+            sel_bits, sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW)  # fmt: skip
         m, denom, acc = fold_step(m, denom, acc, vis0, v0, s0, PRECISION, UPCAST)
         m, denom, acc = fold_step(m, denom, acc, vis1, v1, s1, PRECISION, UPCAST)
     for i in range(a + (b - a) // 2 * 2, b):  # the odd step left, if any
-        vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
-            sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
-            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+        vis, k, v, s = part_step(
+            i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window,
+            sel_bits, sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW)  # fmt: skip
         m, denom, acc = fold_step(m, denom, acc, vis, v, s, PRECISION, UPCAST)
     at = qrow * p_stride_n + head * p_stride_h + j
     tl.store(PM + at, m, mask=present)
@@ -177,7 +241,8 @@ def split_attention_forward(
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
         STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
-        PRECISION=dot_precision(q.dtype), SCAN=SCAN, **chunk_constants(chunk), **common,
+        PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=max(tiles.host_rows) == 1,
+        **chunk_constants(chunk), **common,
     )  # fmt: skip
     _attn_merge[(tiles.n_tiles, hkv)](
         pm, pl, pacc, out, lse, pm.stride(0), pm.stride(1), out.stride(0), out.stride(1),
