@@ -13,7 +13,11 @@ at the same chunk boundaries and merges with the same function; chunks it never 
 (no step of its walk falls there) are empty here, and an empty chunk merges as the
 identity, bitwise (`merge_state`). Chunks follow `attention_fwd`'s boundary rule
 (`chunk_of`): Sparse GQA's program j takes absolute chunk j, SWA's the j-th chunk from the
-one its walk starts in.
+one its walk starts in. When every tile of the call holds one query (a plain decode step;
+`ONE_ROW`, known on the host), the walk finds each step's mask once per key and broadcasts
+it over the tile's 64 rows (`one_row_visibility`): the same mask, so the same bits, in
+~10% fewer instructions per step (the sm_90 compile: 547 -> 491 per two Sparse GQA steps,
+677 -> 613 per two SWA steps).
 """
 
 from __future__ import annotations
