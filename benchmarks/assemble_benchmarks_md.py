@@ -50,6 +50,7 @@ ORDER = [
     "indexer_probes",
     "engine_gc_pauses",
     "gpu_trainer_syncs",
+    "kernel_instructions",
     "job_ends",
     "ci_time",
 ]

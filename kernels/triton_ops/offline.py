@@ -1,5 +1,5 @@
 """Compile a Triton kernel for a GPU architecture on a machine without a GPU, and read
-the registers, stack and shared memory its compiled form uses.
+the registers, stack and shared memory its compiled form uses, or its SASS.
 
 The Triton wheel carries the CUDA toolchain (ptxas, cuobjdump), so the CPU box compiles a
 kernel for sm_90 as a device would (with this Triton version) and reads the cubin's resource
@@ -59,9 +59,30 @@ def compile_resources(
     runtime argument's Triton type ("*bf16", "i32", "fp32", ...; unnamed ones are "i32");
     `constexprs` the compile-time ones; `divisible` the integer arguments a launch would see
     as multiples of 16 (pointers always are)."""
+    out = _run_child(kernel, types, constexprs, options, arch, divisible, "resources")
+    return KernelResources(**json.loads(out.strip().splitlines()[-1]))
+
+
+def compile_sass(
+    kernel: str,
+    types: dict[str, str],
+    constexprs: dict[str, Any],
+    options: dict[str, int],
+    arch: int = 90,
+    divisible: tuple[str, ...] = (),
+) -> str:
+    """The SASS (`cuobjdump -sass`) of `kernel` compiled as `compile_resources` compiles it:
+    what a walk's instruction count per step is read from."""
+    return _run_child(kernel, types, constexprs, options, arch, divisible, "sass")
+
+
+def _run_child(
+    kernel: str, types: dict[str, str], constexprs: dict[str, Any], options: dict[str, int],
+    arch: int, divisible: tuple[str, ...], what: str,
+) -> str:  # fmt: skip
     request = {
         "kernel": kernel, "types": types, "constexprs": constexprs, "options": options,
-        "divisible": list(divisible),
+        "divisible": list(divisible), "what": what,
     }  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the GPU's default; silences a warning
@@ -76,10 +97,10 @@ def compile_resources(
     )
     if done.returncode != 0:
         raise RuntimeError(f"offline compile of {kernel} failed:\n{done.stderr[-3000:]}")
-    return KernelResources(**json.loads(done.stdout.strip().splitlines()[-1]))
+    return done.stdout
 
 
-def _compile_in_this_process(request: dict[str, Any], arch: int) -> KernelResources:
+def _compile_in_this_process(request: dict[str, Any], arch: int) -> str:
     import importlib
 
     import triton
@@ -109,15 +130,17 @@ def _compile_in_this_process(request: dict[str, Any], arch: int) -> KernelResour
         cubin = os.path.join(tmp, "kernel.cubin")
         with open(cubin, "wb") as f:
             f.write(compiled.asm["cubin"])
-        usage = subprocess.run(
-            [os.path.join(tools, "cuobjdump"), "--dump-resource-usage", cubin],
+        flag = "-sass" if request.get("what") == "sass" else "--dump-resource-usage"
+        dumped = subprocess.run(
+            [os.path.join(tools, "cuobjdump"), flag, cubin],
             capture_output=True,
             text=True,
             check=True,
-        )
-    return KernelResources.from_cuobjdump(usage.stdout)
+        ).stdout
+    if request.get("what") == "sass":
+        return dumped
+    return json.dumps(KernelResources.from_cuobjdump(dumped).__dict__)
 
 
 if __name__ == "__main__":
-    found = _compile_in_this_process(json.loads(sys.stdin.read()), int(sys.argv[1]))
-    print(json.dumps(found.__dict__))
+    print(_compile_in_this_process(json.loads(sys.stdin.read()), int(sys.argv[1])))

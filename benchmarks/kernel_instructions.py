@@ -1,0 +1,89 @@
+"""Instructions per step of the attention walks, from their sm_90 SASS compiled offline (no
+GPU needed: `kernels/triton_ops/offline.py`).
+
+Usage: python benchmarks/kernel_instructions.py [--head-dim 64] [--top 12]
+
+The decode walk (`attention_split._attn_fwd_part`) is bound by instruction issue on the
+H200 (Nsight Compute: issue slots 61% busy, DRAM 28%), so the instructions its step loop
+issues per thread are a figure a change can be judged by before any device time is spent.
+Each kernel is compiled as `kernel_registers.py` compiles it (`large`'s geometry, bf16 on
+tensor cores, the project's launch options); its loops are the spans of SASS closed by a
+backward branch, and the step loop is the longest (the part walk's pairs loop: two steps
+per iteration; the forward walk's and the backward's: one). Prints, per kernel and layer
+kind, each loop's length and the step loop's most frequent opcodes. Counts are this Triton
+version's compile; the H200's Triton may schedule a few differently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_registers import DIVISIBLE, POINTERS, geometry, kernels  # noqa: E402
+from rlsys.kernels.triton_ops.offline import compile_sass  # noqa: E402
+
+LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+TARGET = re.compile(r"BRA\s+(?:`?\()?0x([0-9a-f]+)")
+
+
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction) of every SASS instruction."""
+    return [
+        (int(m.group(1), 16), m.group(2).strip()) for m in map(LINE.match, sass.splitlines()) if m
+    ]
+
+
+def loops(code: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """[start, end] addresses of every loop: a branch back to an earlier address."""
+    found = []
+    for at, text in code:
+        hit = TARGET.search(text) if "BRA" in text else None
+        if hit and int(hit.group(1), 16) < at:
+            found.append((int(hit.group(1), 16), at))
+    return found
+
+
+def opcode(text: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    d = args.head_dim
+    print(f"sm_90, compiled offline on this machine; `large` geometry, head dim {d}\n")
+    print("| kernel | layer | variant | loops (instructions each) | step loop's top opcodes |")
+    print("|---|---|---|---|---|")
+    for label, kernel, extra, launch in kernels(d):
+        variants = [("", extra)]
+        if "ONE_ROW" in extra:  # the decode walk with and without its one-query mask
+            variants = [("one query per tile", extra), ("any rows", {**extra, "ONE_ROW": False})]
+        for sparse in (True, False):
+            for name, consts in variants:
+                sass = compile_sass(
+                    kernel, POINTERS, {**geometry(d, sparse), **consts}, launch, 90, DIVISIBLE
+                )
+                code = instructions(sass)
+                spans = loops(code)
+                lengths = [sum(1 for at, _ in code if a <= at <= b) for a, b in spans]
+                top = ""
+                if spans:
+                    a, b = max(spans, key=lambda s: s[1] - s[0])
+                    ops = collections.Counter(opcode(t) for at, t in code if a <= at <= b)
+                    top = ", ".join(f"{k} {v}" for k, v in ops.most_common(args.top))
+                print(
+                    f"| {label} | {'Sparse GQA' if sparse else 'SWA'} | {name or '-'} "
+                    f"| {', '.join(map(str, lengths))} | {top} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
