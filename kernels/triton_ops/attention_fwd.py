@@ -238,6 +238,17 @@ def query_tile(
 
 
 @triton.jit
+def step_positions(i, step_ids, SPARSE: tl.constexpr, STEP: tl.constexpr):
+    """Step `i` of a walk (a CSR slot, sparse; an aligned step index, SWA): the step c and
+    its STEP key positions."""
+    if SPARSE:
+        c = tl.load(step_ids + i)
+    else:
+        c = i
+    return c, c * STEP + tl.arange(0, STEP)
+
+
+@triton.jit
 def step_keys(
     i, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
     SPARSE: tl.constexpr, STEP: tl.constexpr, BLK: tl.constexpr,
@@ -251,11 +262,7 @@ def step_keys(
     step that the software pipeline cannot overlap (Triton left the page-row and K/V loads
     synchronous). Keyed on `hi`, the loads depend on the step id alone. A loaded key no row
     sees changes no value: its score is masked to -inf, p = 0, and p * v is a zero."""
-    if SPARSE:
-        c = tl.load(step_ids + i)
-    else:
-        c = i
-    kpos = c * STEP + tl.arange(0, STEP)
+    c, kpos = step_positions(i, step_ids, SPARSE, STEP)
     vis = row_visibility(
         qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK,
         STEP,

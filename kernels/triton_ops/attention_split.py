@@ -41,6 +41,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     load_queries,
     merge_state,
     query_tile,
+    step_positions,
     step_scores,
     tile_rows,
     visible_step,
@@ -102,11 +103,7 @@ def part_step(
     """`visible_step` of the part walk; with ONE_ROW (every tile of the call holds one
     query: a plain decode step) its mask comes from `one_row_visibility`."""
     if ONE_ROW:
-        if SPARSE:
-            c = tl.load(step_ids + i)
-        else:
-            c = i
-        kpos = c * STEP + tl.arange(0, STEP)
+        c, kpos = step_positions(i, step_ids, SPARSE, STEP)
         vis = one_row_visibility(
             c, kpos, qpos1, qrow1, hi, present, g, window, sel_bits, sb_stride_n,
             sb_stride_g, SPARSE, BLK, STEP,
