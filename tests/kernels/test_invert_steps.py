@@ -51,15 +51,20 @@ def _expected(hkv: int, tiles, chunks: dict, lists: dict) -> dict:  # noqa: ANN0
     return inverse
 
 
+def _assert_inverse(
+    inv_off: torch.Tensor, inv_tiles: torch.Tensor, want: dict, n_keys: int
+) -> None:
+    for key in range(n_keys):
+        got = inv_tiles[int(inv_off[key]) : int(inv_off[key + 1])].tolist()
+        assert got == want.get(key, []), key
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_inverse_lists_hold_each_visiting_tile_once_ascending(seed: int) -> None:
     hkv, tiles, chunks, step_off, step_ids, lists = _case(seed, "cpu")
     inv_off, inv_tiles = _invert_steps(step_off, step_ids, tiles, chunks, hkv)
-    want = _expected(hkv, tiles, chunks, lists)
     assert inv_off.shape[0] == chunks["n"] * hkv + 1 and int(inv_off[0]) == 0
-    for key in range(chunks["n"] * hkv):
-        got = inv_tiles[int(inv_off[key]) : int(inv_off[key + 1])].tolist()
-        assert got == want.get(key, []), key
+    _assert_inverse(inv_off, inv_tiles, _expected(hkv, tiles, chunks, lists), chunks["n"] * hkv)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -71,7 +76,4 @@ def test_inverse_lists_are_built_without_a_device_sync() -> None:
         inv_off, inv_tiles = _invert_steps(step_off, step_ids, tiles, chunks, hkv)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    want = _expected(hkv, tiles, chunks, lists)
-    for key in range(chunks["n"] * hkv):
-        got = inv_tiles[int(inv_off[key]) : int(inv_off[key + 1])].tolist()
-        assert got == want.get(key, []), key
+    _assert_inverse(inv_off, inv_tiles, _expected(hkv, tiles, chunks, lists), chunks["n"] * hkv)
