@@ -344,6 +344,7 @@ def main() -> None:
     if args.split != "auto":  # the split bounds opened wide (on) or shut (off)
         attention_fwd.SPLIT_BELOW_PROGRAMS = 1 << 62 if args.split == "on" else 0
         attention_fwd.SPLIT_MAX_CHUNK_PROGRAMS = 1 << 62
+        attention_fwd.SPLIT_ONE_WARP = args.split == "on"
     T, SPARSE_STEP = args.query_tile, args.sparse_step
     PAGE = max(PAGE, SPARSE_STEP)
     dev = "cuda" if torch.cuda.is_available() else "cpu"

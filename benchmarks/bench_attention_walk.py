@@ -173,11 +173,11 @@ def walk_table(head_dims: list[int]) -> None:
         print(f"| {d} | " + " | ".join(cells) + f" | {', '.join(regs)} |", flush=True)
 
 
-def split_table(d: int, ctx: int) -> None:
+def split_table(d: int, ctx: int, batches: list[int]) -> None:
     print(f"\n| decode batch at {ctx} (head dim {d}) | programs | Sparse one walk ms | split ms "
           "| SWA one walk ms | split ms |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|")
-    for batch in (1, 8, 16, 32, 64):
+    for batch in batches:
         sparse, swa = decode_calls(batch, ctx, d)
         cells = [f"{kernel_ms(lambda s=s, f=f: f(split=s), ATTENTION_KERNELS):.3f}"
                  for f in (sparse, swa) for s in (False, True)]  # fmt: skip
@@ -215,6 +215,7 @@ def main() -> None:
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--split-sweep", action="store_true")
     parser.add_argument("--contexts", default="4096", help="decode contexts of --split-sweep")
+    parser.add_argument("--batches", default="1,8,16,32,64", help="decode batches of --split-sweep")
     parser.add_argument("--backward", action="store_true", help="the trainer's backward kernels")
     parser.add_argument("--dkv-maxnreg", default="0", help="dK/dV register caps (0: none)")
     parser.add_argument("--length", type=int, default=32768, help="--backward's sequence")
@@ -247,7 +248,7 @@ def main() -> None:
     elif args.split_sweep:
         for d in dims:
             for ctx in (int(x) for x in args.contexts.split(",")):
-                split_table(d, ctx)
+                split_table(d, ctx, [int(b) for b in args.batches.split(",")])
     else:
         walk_table(dims)
 

@@ -21,7 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlsys.config.model import preset  # noqa: E402
 from rlsys.kernels.triton_ops import attention_bwd  # noqa: E402
-from rlsys.kernels.triton_ops.attention_fwd import chunk_constants, forward_launch  # noqa: E402
+from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
+    MMA_WARP_ROWS,
+    chunk_constants,
+    forward_launch,
+)
 from rlsys.kernels.triton_ops.offline import KernelResources, compile_resources  # noqa: E402
 from rlsys.model.kv_layout import geometry as kernel_geometry  # noqa: E402
 
@@ -76,11 +80,14 @@ def geometry(d: int, sparse: bool) -> dict[str, object]:
 def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
     """(label, module:kernel, extra constexprs, launch) of every kernel in the table."""
     chunks = chunk_constants(256)
+    # the decode part walk as a plain decode step launches it: one warp's 16 rows
+    one_warp_slots = MMA_WARP_ROWS // int(geometry(d, True)["G"])  # type: ignore[call-overload]
     return [
         ("forward walk", f"{MODULE}.attention_fwd:_attn_fwd", {**chunks, "HAS_GATE": True},
          forward_launch(d)),
         ("split part", f"{MODULE}.attention_split:_attn_fwd_part",
-         {**chunks, "SCAN": 128, "ONE_ROW": True}, forward_launch(d)),
+         {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": one_warp_slots},
+         {**forward_launch(d), "num_warps": 1}),
         ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq", {}, attention_bwd.DQ_LAUNCH),
         ("backward dk dv", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {}, attention_bwd.DKV_LAUNCH),
     ]  # fmt: skip

@@ -475,7 +475,7 @@ def attention_forward(
         return out, lse
     step_off, step_ids, bits = sparse if sparse is not None else no_selection(q.device)
     n_chunks = walk_chunks(tiles, step, window, sparse is not None, chunk)
-    if split if split is not None else splits_chunks(tiles, hkv, chunk, n_chunks):
+    if split if split is not None else splits_chunks(tiles, hkv, chunk, n_chunks, g):
         # imported here: attention_split builds its kernels from this module's helpers
         from rlsys.kernels.triton_ops.attention_split import split_attention_forward
 
@@ -508,6 +508,11 @@ def attention_forward(
 # parallel walk wins: batch 64 at 128K (512 chunks, all split) went 1.0 -> 4.1 ms.
 SPLIT_BELOW_PROGRAMS = 512
 SPLIT_MAX_CHUNK_PROGRAMS = 16384
+# One-query tiles whose part walk runs on one warp's rows split past both bounds: at
+# `large`'s layer shape on the H200 the split walk took 0.161 / 0.312 ms at 128 / 256 x 4K
+# against the single walk's 0.344 / 0.678 (Sparse GQA), and 0.70 against 1.34 ms at
+# 256 x 128K (57,344 chunk programs). A benchmark may turn it off.
+SPLIT_ONE_WARP = True
 
 
 def chunk_constants(chunk: int) -> dict[str, int]:
@@ -528,11 +533,48 @@ def walk_chunks(tiles: QueryTiles, step: int, window: int, sparse: bool, chunk: 
     return (window + tiles.T - 1 + step) // chunk + 2
 
 
-def splits_chunks(tiles: QueryTiles, hkv: int, chunk: int, n_chunks: int) -> bool:
+# Rows of a query tile's MMA that one warp owns (the forward's 4 warps split a tile of 64 or
+# more rows along M: 16 each, in order, with wgmma as with mma.sync).
+MMA_WARP_ROWS = 16
+# One-warp part programs below this many leave the H200 short of warps to hide latency: at
+# `large`'s layer shape, 1 x 4K Sparse GQA (64 programs) went 16 -> 19 us and 1 x 128K
+# (224) 39 -> 47 us against the whole tile's 4 warps, SWA at 16 x 4K (256) 10 -> 12 us;
+# from 512 on it was as fast or faster (64 x 4K, 4,096 programs: 156 -> 90 us).
+ONE_WARP_MIN_PROGRAMS = 512
+
+
+def one_query_slots(tiles: QueryTiles, g: int, warps: int, programs: int) -> int:
+    """Slots a part walk of `programs` programs runs per tile when every tile holds one
+    query (0: some tile holds more).
+
+    One warp's 16 rows (16 // g slots; the launch takes one warp) when the whole tile
+    gives each of its `warps` warps 16 rows and g divides 16: the query's rows sit at the
+    same place in that warp's share as in the whole tile, so a one-warp program computes
+    them alike (`test_attention_split`), in a quarter of the instructions (the decode walk
+    is bound by instruction issue). Else the whole tile (only the mask is cut)."""
+    if not tiles.host_rows or max(tiles.host_rows) != 1:
+        return 0
+    sub = MMA_WARP_ROWS // g if MMA_WARP_ROWS % g == 0 else 0
+    whole_tile_splits = tiles.T * g >= warps * MMA_WARP_ROWS and sub and tiles.T % sub == 0
+    if whole_tile_splits and programs >= ONE_WARP_MIN_PROGRAMS:
+        return sub
+    return tiles.T
+
+
+def splits_chunks(tiles: QueryTiles, hkv: int, chunk: int, n_chunks: int, g: int = 0) -> bool:
     """Walk the chunks in parallel when the tiles are decode-like (a quarter full at most,
-    known on the host), reach past one chunk and launch few programs (the bounds)."""
+    known on the host) and reach past one chunk, and either launch few programs (the
+    bounds) or hold one query each with the part walk on one warp's rows (`g`: heads per
+    KV group; 0, not known), which beat the single walk at every batch measured."""
     rows = tiles.host_rows
     if not rows or max(rows) * 4 > tiles.T or tiles.max_pos < chunk:
         return False
     programs = tiles.n_tiles * hkv
+    warps = FORWARD_LAUNCH["num_warps"]
+    if (
+        SPLIT_ONE_WARP
+        and g
+        and one_query_slots(tiles, g, warps, programs * n_chunks) * g == (MMA_WARP_ROWS)
+    ):
+        return True
     return programs < SPLIT_BELOW_PROGRAMS and programs * n_chunks <= SPLIT_MAX_CHUNK_PROGRAMS

@@ -15,9 +15,12 @@ identity, bitwise (`merge_state`). Chunks follow `attention_fwd`'s boundary rule
 (`chunk_of`): Sparse GQA's program j takes absolute chunk j, SWA's the j-th chunk from the
 one its walk starts in. When every tile of the call holds one query (a plain decode step;
 `ONE_ROW`, known on the host), the walk finds each step's mask once per key and broadcasts
-it over the tile's 64 rows (`one_row_visibility`): the same mask, so the same bits, in
-~10% fewer instructions per step (the sm_90 compile: 547 -> 491 per two Sparse GQA steps,
-677 -> 613 per two SWA steps).
+it over the rows (`one_row_visibility`): the same mask, so the same bits (-10% time on the
+H200). And with enough programs (`one_query_slots`) it runs only the 16 rows of the tile
+that one of the single walk's 4 warps owns, the 16 // G slots holding the query
+(`one_query_slice`), on one warp: mma.sync there, wgmma in the whole tile, and the same
+bits (the GPU tests), in a quarter of the warps' instructions. The merge is elementwise
+per row, so it takes the same slice.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torch import Tensor
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
+    MMA_WARP_ROWS,
     NEG_INIT,
     chunk_constants,
     chunk_first_step,
@@ -40,7 +44,9 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     fresh_state,
     load_queries,
     merge_state,
+    one_query_slots,
     query_tile,
+    step_bounds,
     step_positions,
     step_scores,
     tile_rows,
@@ -93,6 +99,44 @@ def one_row_visibility(
 
 
 @triton.jit
+def one_query_slice(
+    tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, SUB: tl.constexpr, G: tl.constexpr
+):  # fmt: skip
+    """`tile_rows` of a tile that holds one query, cut to the SUB slots (SUB * G rows) that
+    hold it, at the same offset in them as in the whole tile: slots [base, base + SUB),
+    base = the tile's first slot plus the query's offset rounded down to SUB. With SUB * G
+    = 16, those are the rows one warp owns of the whole tile's MMA."""
+    seq = tl.load(tile_seq + tile)
+    slot0 = tl.load(tile_slot0 + tile)
+    lo = tl.load(tile_lo + tile)
+    hi = tl.load(tile_hi + tile)
+    row0 = tl.load(tile_row + tile)
+    r = tl.arange(0, SUB * G)
+    qpos = slot0 + (lo - slot0) // SUB * SUB + r // G
+    present = (qpos >= lo) & (qpos < hi)
+    qrow = tl.where(present, row0 + qpos - lo, 0).to(tl.int64)
+    return seq, lo, hi, r, qpos, present, qrow
+
+
+@triton.jit
+def one_query_rows(
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window,
+    SUB: tl.constexpr, G: tl.constexpr, DP: tl.constexpr, SPARSE: tl.constexpr,
+    STEP: tl.constexpr,
+):  # fmt: skip
+    """`query_tile` over `one_query_slice`'s rows."""
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    seq, lo, hi, r, qpos, present, qrow = one_query_slice(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, SUB, G
+    )
+    head = g * G + r % G
+    d = tl.arange(0, DP)
+    first, last = step_bounds(tile, g, lo, hi, step_off, window, SPARSE, STEP)
+    return tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last
+
+
+@triton.jit
 def part_step(
     i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window, sel_bits,
     sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
@@ -134,11 +178,18 @@ def _attn_fwd_part(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
-    ONE_ROW: tl.constexpr,
+    ONE_ROW: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
-    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
-        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
-    )
+    if ONE_ROW:  # one warp's 16 rows of the tile: the SUB slots that hold its one query
+        tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = one_query_rows(
+            tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, SUB, G, DP,
+            SPARSE, STEP,
+        )  # fmt: skip
+    else:
+        tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
+            tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP,
+            SPARSE, STEP,
+        )  # fmt: skip
     j = tl.program_id(2)
     if SPARSE:
         # chunks are absolute: program j walks the CSR slots whose steps lie in chunk j
@@ -151,7 +202,10 @@ def _attn_fwd_part(
         a = tl.maximum(first, chunk_first_step(jj, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
         b = tl.minimum(last, chunk_first_step(jj + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
-    m, denom, acc = fresh_state(T * G, DP)
+    if ONE_ROW:
+        m, denom, acc = fresh_state(SUB * G, DP)
+    else:
+        m, denom, acc = fresh_state(T * G, DP)
     # with ONE_ROW, the tile's one query: its position and row (as `tile_rows` gives them)
     qpos1 = lo
     qrow1 = tl.load(tile_row + tile).to(tl.int64)
@@ -192,16 +246,23 @@ def _attn_merge(
     tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, n_chunks,
     GATE, gate_stride_n,
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    HAS_GATE: tl.constexpr,
+    HAS_GATE: tl.constexpr, ONE_ROW: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     g = tl.program_id(1)
-    _, _, _, r, _, present, qrow = tile_rows(
-        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
-    )
+    # the merge is elementwise per row: any slice of the tile that holds its rows will do
+    if ONE_ROW:
+        _, _, _, r, _, present, qrow = one_query_slice(
+            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, SUB, G
+        )
+        m, denom, acc = fresh_state(SUB * G, DP)
+    else:
+        _, _, _, r, _, present, qrow = tile_rows(
+            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+        )
+        m, denom, acc = fresh_state(T * G, DP)
     head = g * G + r % G
     d = tl.arange(0, DP)
-    m, denom, acc = fresh_state(T * G, DP)
     # No branch on empty chunks: every chunk's loads are independent of the running state,
     # so they pipeline. A row's empty chunk (-1e30, 0, and an acc read as 0: a chunk with no
     # step never stored it) merges as the identity, bitwise (`merge_state`).
@@ -233,7 +294,10 @@ def split_attention_forward(
     pacc = torch.empty(n, h, n_chunks, dp, dtype=torch.float32, device=q.device)
     step_off, step_ids, bits = csr
     common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d)}
-    _attn_fwd_part[(tiles.n_tiles, hkv, n_chunks)](
+    grid = (tiles.n_tiles, hkv, n_chunks)
+    sub = one_query_slots(tiles, g, common["num_warps"], grid[0] * grid[1] * grid[2])
+    part_launch = {**common, "num_warps": 1} if sub * g == MMA_WARP_ROWS else common
+    _attn_fwd_part[grid](
         q, k_pool, v_pool, pm, pl, pacc,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
         tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row,
@@ -242,12 +306,12 @@ def split_attention_forward(
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
         STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
-        PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=max(tiles.host_rows) == 1,
-        **chunk_constants(chunk), **common,
+        PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=sub > 0, SUB=max(sub, 1),
+        **chunk_constants(chunk), **part_launch,
     )  # fmt: skip
     _attn_merge[(tiles.n_tiles, hkv)](
         pm, pl, pacc, out, lse, pm.stride(0), pm.stride(1), out.stride(0), out.stride(1),
         tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row, n_chunks,
         gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
-        HAS_GATE=gate is not None, **common,
+        HAS_GATE=gate is not None, ONE_ROW=sub > 0, SUB=max(sub, 1), **common,
     )  # fmt: skip

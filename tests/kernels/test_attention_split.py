@@ -15,7 +15,7 @@ import functools
 import pytest
 import torch
 
-from rlsys.kernels.attention_plan import plan_tiles
+from rlsys.kernels.attention_plan import Span, plan_tiles
 from tests.kernels.triton_cases import (
     SCALE,
     decode_spans,
@@ -37,6 +37,8 @@ from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     chunk_index,
     chunk_of,
     chunk_start,
+    forward_launch,
+    one_query_slots,
     splits_chunks,
 )
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
@@ -102,6 +104,52 @@ def test_split_in_bf16_gives_the_single_walks_bits() -> None:
         walked, walked_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=False)
         split, split_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=True)
         assert torch.equal(split, walked) and torch.equal(split_lse, walked_lse), kind
+
+
+@pytest.mark.parametrize("d", [16, 64] if DEV == "cuda" else [16])  # 64: `large`'s
+@pytest.mark.parametrize("kind", ["swa", "sparse"])
+def test_one_warp_decode_walk_gives_the_whole_tiles_bits(
+    kind: str, d: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The models' tile (4 heads per KV group, 16 slots: 64 MMA rows, a warp's share 16):
+    a decode call's part walk runs one warp's 16 rows, the SUB = 4 slots holding the
+    query, at every offset of the query in its tile; bitwise the whole-tile single walk
+    and the prefill (bf16, the models' dtype; on the GPU, mma.sync against wgmma)."""
+    h, hkv = 16, 4
+    lengths = [40, 7, 100, 29, 64, 18, 51, 90]  # last positions: 8 offsets in their tiles
+    case = paged_case(lengths, hkv, d, 32, BLK, IDX, DEV, dtype=torch.bfloat16, seed=5)
+    n = sum(lengths)
+    q = torch.randn(n, h, d).to(DEV, torch.bfloat16)
+    qi = torch.randn(n, hkv, IDX).to(DEV)
+    spans = prefill_spans(lengths)
+    last = [sp.row + sp.n - 1 for sp in spans]
+    dspans = decode_spans(lengths)
+    monkeypatch.setattr(attention_fwd, "ONE_WARP_MIN_PROGRAMS", 0)  # a small call
+    assert one_query_slots(plan_tiles(dspans, T, DEV), h // hkv, 4, 1) == 4
+    assert {(n_ - 1) % T % 4 for n_ in lengths} == {0, 1, 2, 3}
+    full, full_lse, _ = _call(kind, case, q, qi, spans, split=False)
+    walked, walked_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=False)
+    split, split_lse, _ = _call(kind, case, q[last], qi[last], dspans, split=True)
+    assert torch.equal(split, walked) and torch.equal(split_lse, walked_lse)
+    assert torch.equal(split, full[last]) and torch.equal(split_lse, full_lse[last])
+    assert forward_launch(d)["num_warps"] == 4  # the whole tile's warps the slots assume
+
+
+def test_large_one_query_batches_split_when_the_part_walk_runs_on_one_warp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """256 decode rows at 4K, `large`'s 4 heads per group: 1,024 (tile, group) programs,
+    past the split bounds, still split because the part walk runs one warp's rows; not
+    with that turned off, nor for tiles holding two queries."""
+    tiles = plan_tiles([Span(s, s, 1, 4095) for s in range(256)], 16, "cpu")
+    assert one_query_slots(tiles, 4, 4, 1024 * 16) == 4
+    assert splits_chunks(tiles, 4, 256, 16, g=4)
+    assert not splits_chunks(tiles, 4, 256, 16)  # heads per group unknown: the bounds
+    pairs = plan_tiles([Span(s, 2 * s, 2, 4094) for s in range(256)], 16, "cpu")
+    assert one_query_slots(pairs, 4, 4, 1024 * 16) == 0
+    assert not splits_chunks(pairs, 4, 256, 16, g=4)
+    monkeypatch.setattr(attention_fwd, "SPLIT_ONE_WARP", False)
+    assert not splits_chunks(tiles, 4, 256, 16, g=4)
 
 
 @pytest.mark.parametrize(("chunk", "per_octave"), [(256, 8), (16, 2), (32, 1)])
