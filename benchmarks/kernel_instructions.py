@@ -68,7 +68,7 @@ def main() -> None:
             variants = [
                 ("one query, one warp's 16 rows", extra, launch),
                 ("one query, the whole tile", {**extra, "SUB": geometry(d, True)["T"]}, whole),
-                ("any rows", {**extra, "ONE_ROW": False}, whole),
+                ("any rows", {**extra, "ONE_ROW": False, "SUB": 0}, whole),
             ]
         else:
             variants = [("", extra, launch)]

@@ -176,16 +176,25 @@ def row_visibility(
 
 @triton.jit
 def tile_rows(
-    tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T: tl.constexpr, G: tl.constexpr
-):
-    """Per tile row (slot, head): query position, presence and query row; plus the tile's seq."""
+    tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T: tl.constexpr, G: tl.constexpr,
+    SUB: tl.constexpr = 0,
+):  # fmt: skip
+    """Per tile row (slot, head): query position, presence and query row; plus the tile's
+    seq. SUB > 0: only the SUB slots [base, base + SUB) that hold the tile's first query,
+    base = the tile's first slot plus that query's offset rounded down to SUB, so each row
+    keeps its offset within its SUB-slot group (a one-query tile's slice: with SUB * G =
+    16, the rows one warp owns of the whole tile's MMA; `attention_split`)."""
     seq = tl.load(tile_seq + tile)
     slot0 = tl.load(tile_slot0 + tile)
     lo = tl.load(tile_lo + tile)
     hi = tl.load(tile_hi + tile)
     row0 = tl.load(tile_row + tile)
-    r = tl.arange(0, T * G)
-    qpos = slot0 + r // G
+    if SUB:
+        r = tl.arange(0, SUB * G)
+        qpos = slot0 + (lo - slot0) // SUB * SUB + r // G
+    else:
+        r = tl.arange(0, T * G)
+        qpos = slot0 + r // G
     present = (qpos >= lo) & (qpos < hi)
     qrow = tl.where(present, row0 + qpos - lo, 0).to(tl.int64)
     return seq, lo, hi, r, qpos, present, qrow
@@ -221,15 +230,15 @@ def load_keys(
 def query_tile(
     tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window,
     T: tl.constexpr, G: tl.constexpr, DP: tl.constexpr, SPARSE: tl.constexpr,
-    STEP: tl.constexpr,
+    STEP: tl.constexpr, SUB: tl.constexpr = 0,
 ):  # fmt: skip
     """What a (query tile, KV group) program walks: its tile and group (program ids 0 and
-    1), the tile's rows (`tile_rows`), each row's head, the feature offsets d (DP,), and
-    the bounds [first, last) of its step walk (`step_bounds`)."""
+    1), the tile's rows (`tile_rows`, SUB: a slice of them), each row's head, the feature
+    offsets d (DP,), and the bounds [first, last) of its step walk (`step_bounds`)."""
     tile = tl.program_id(0)
     g = tl.program_id(1)
     seq, lo, hi, r, qpos, present, qrow = tile_rows(
-        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G, SUB
     )
     head = g * G + r % G
     d = tl.arange(0, DP)

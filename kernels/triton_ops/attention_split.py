@@ -18,7 +18,7 @@ one its walk starts in. When every tile of the call holds one query (a plain dec
 it over the rows (`one_row_visibility`): the same mask, so the same bits (-10% time on the
 H200). And with enough programs (`one_query_slots`) it runs only the 16 rows of the tile
 that one of the single walk's 4 warps owns, the 16 // G slots holding the query
-(`one_query_slice`), on one warp: mma.sync there, wgmma in the whole tile, and the same
+(`tile_rows`' SUB), on one warp: mma.sync there, wgmma in the whole tile, and the same
 bits (the GPU tests), in a quarter of the warps' instructions. The merge is elementwise
 per row, so it takes the same slice.
 """
@@ -46,7 +46,6 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     merge_state,
     one_query_slots,
     query_tile,
-    step_bounds,
     step_positions,
     step_scores,
     tile_rows,
@@ -99,44 +98,6 @@ def one_row_visibility(
 
 
 @triton.jit
-def one_query_slice(
-    tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, SUB: tl.constexpr, G: tl.constexpr
-):  # fmt: skip
-    """`tile_rows` of a tile that holds one query, cut to the SUB slots (SUB * G rows) that
-    hold it, at the same offset in them as in the whole tile: slots [base, base + SUB),
-    base = the tile's first slot plus the query's offset rounded down to SUB. With SUB * G
-    = 16, those are the rows one warp owns of the whole tile's MMA."""
-    seq = tl.load(tile_seq + tile)
-    slot0 = tl.load(tile_slot0 + tile)
-    lo = tl.load(tile_lo + tile)
-    hi = tl.load(tile_hi + tile)
-    row0 = tl.load(tile_row + tile)
-    r = tl.arange(0, SUB * G)
-    qpos = slot0 + (lo - slot0) // SUB * SUB + r // G
-    present = (qpos >= lo) & (qpos < hi)
-    qrow = tl.where(present, row0 + qpos - lo, 0).to(tl.int64)
-    return seq, lo, hi, r, qpos, present, qrow
-
-
-@triton.jit
-def one_query_rows(
-    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window,
-    SUB: tl.constexpr, G: tl.constexpr, DP: tl.constexpr, SPARSE: tl.constexpr,
-    STEP: tl.constexpr,
-):  # fmt: skip
-    """`query_tile` over `one_query_slice`'s rows."""
-    tile = tl.program_id(0)
-    g = tl.program_id(1)
-    seq, lo, hi, r, qpos, present, qrow = one_query_slice(
-        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, SUB, G
-    )
-    head = g * G + r % G
-    d = tl.arange(0, DP)
-    first, last = step_bounds(tile, g, lo, hi, step_off, window, SPARSE, STEP)
-    return tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last
-
-
-@triton.jit
 def part_step(
     i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window, sel_bits,
     sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
@@ -180,16 +141,11 @@ def _attn_fwd_part(
     LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
     ONE_ROW: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
-    if ONE_ROW:  # one warp's 16 rows of the tile: the SUB slots that hold its one query
-        tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = one_query_rows(
-            tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, SUB, G, DP,
-            SPARSE, STEP,
-        )  # fmt: skip
-    else:
-        tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
-            tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP,
-            SPARSE, STEP,
-        )  # fmt: skip
+    # SUB > 0 (ONE_ROW): the SUB slots of the tile that hold its one query (`tile_rows`)
+    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
+        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP,
+        SPARSE, STEP, SUB,
+    )  # fmt: skip
     j = tl.program_id(2)
     if SPARSE:
         # chunks are absolute: program j walks the CSR slots whose steps lie in chunk j
@@ -202,7 +158,7 @@ def _attn_fwd_part(
         a = tl.maximum(first, chunk_first_step(jj, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
         b = tl.minimum(last, chunk_first_step(jj + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE))
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
-    if ONE_ROW:
+    if SUB:
         m, denom, acc = fresh_state(SUB * G, DP)
     else:
         m, denom, acc = fresh_state(T * G, DP)
@@ -246,20 +202,17 @@ def _attn_merge(
     tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, n_chunks,
     GATE, gate_stride_n,
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    HAS_GATE: tl.constexpr, ONE_ROW: tl.constexpr, SUB: tl.constexpr,
+    HAS_GATE: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     g = tl.program_id(1)
     # the merge is elementwise per row: any slice of the tile that holds its rows will do
-    if ONE_ROW:
-        _, _, _, r, _, present, qrow = one_query_slice(
-            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, SUB, G
-        )
+    _, _, _, r, _, present, qrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G, SUB
+    )
+    if SUB:
         m, denom, acc = fresh_state(SUB * G, DP)
     else:
-        _, _, _, r, _, present, qrow = tile_rows(
-            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
-        )
         m, denom, acc = fresh_state(T * G, DP)
     head = g * G + r % G
     d = tl.arange(0, DP)
@@ -306,12 +259,12 @@ def split_attention_forward(
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
         STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
-        PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=sub > 0, SUB=max(sub, 1),
+        PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=sub > 0, SUB=sub,
         **chunk_constants(chunk), **part_launch,
     )  # fmt: skip
     _attn_merge[(tiles.n_tiles, hkv)](
         pm, pl, pacc, out, lse, pm.stride(0), pm.stride(1), out.stride(0), out.stride(1),
         tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row, n_chunks,
         gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
-        HAS_GATE=gate is not None, ONE_ROW=sub > 0, SUB=max(sub, 1), **common,
+        HAS_GATE=gate is not None, SUB=sub, **common,
     )  # fmt: skip
