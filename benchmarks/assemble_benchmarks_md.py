@@ -51,6 +51,7 @@ ORDER = [
     "engine_gc_pauses",
     "gpu_trainer_syncs",
     "kernel_instructions",
+    "gpu_decode_one_warp",
     "job_ends",
     "ci_time",
 ]
