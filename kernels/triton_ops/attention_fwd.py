@@ -579,11 +579,8 @@ def splits_chunks(tiles: QueryTiles, hkv: int, chunk: int, n_chunks: int, g: int
     if not rows or max(rows) * 4 > tiles.T or tiles.max_pos < chunk:
         return False
     programs = tiles.n_tiles * hkv
-    warps = FORWARD_LAUNCH["num_warps"]
-    if (
-        SPLIT_ONE_WARP
-        and g
-        and one_query_slots(tiles, g, warps, programs * n_chunks) * g == (MMA_WARP_ROWS)
-    ):
-        return True
+    if SPLIT_ONE_WARP and g:
+        slots = one_query_slots(tiles, g, FORWARD_LAUNCH["num_warps"], programs * n_chunks)
+        if 0 < slots < tiles.T:  # one warp's share of the tile (`one_query_slots`)
+            return True
     return programs < SPLIT_BELOW_PROGRAMS and programs * n_chunks <= SPLIT_MAX_CHUNK_PROGRAMS

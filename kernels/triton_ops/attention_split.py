@@ -33,7 +33,6 @@ from torch import Tensor
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
-    MMA_WARP_ROWS,
     NEG_INIT,
     chunk_constants,
     chunk_first_step,
@@ -249,7 +248,8 @@ def split_attention_forward(
     common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d)}
     grid = (tiles.n_tiles, hkv, n_chunks)
     sub = one_query_slots(tiles, g, common["num_warps"], grid[0] * grid[1] * grid[2])
-    part_launch = {**common, "num_warps": 1} if sub * g == MMA_WARP_ROWS else common
+    # a slice smaller than the tile is one warp's share: one warp runs it (`one_query_slots`)
+    part_launch = {**common, "num_warps": 1} if 0 < sub < tiles.T else common
     _attn_fwd_part[grid](
         q, k_pool, v_pool, pm, pl, pacc,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
