@@ -31,8 +31,9 @@ row, the N functions that took the most host time (cProfile; by own, then by cum
 time) over its timed decode steps: where the host share goes (use `--capture start`, or
 the steps that capture a graph fill the profile). Every row also gives the timed steps in
 which a garbage collection ran and the longest such pause (and the slowest step's):
-`--gc-freeze` freezes the start-up's objects first, as the engine replica process does
-(`rlsys.engine.gc_freeze`).
+the start-up's objects are frozen first, as the engine replica process does
+(`rlsys.engine.gc_freeze`; `--no-gc-freeze` leaves them, as runs before 2026-12-04's
+twelfth session did).
 """
 
 from __future__ import annotations
@@ -305,8 +306,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--gc-freeze",
-        action="store_true",
-        help="gc.freeze() once the runner is built (what the engine replica does at start-up)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="gc.freeze() once the runner is built, as the engine replica does at start-up "
+        "(the default since the twelfth session; --no-gc-freeze for the bare core)",
     )
     args = parser.parse_args()
     started = time.perf_counter()

@@ -50,7 +50,7 @@ from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
-from rlsys.engine.route_log import RouteLog
+from rlsys.engine.route_log import RouteLog, token_routes
 from rlsys.engine.runner import DraftingRunner, LaunchedStep, ModelRunner
 from rlsys.engine.sampler import RowParams, SampledToken, request_seed, sample_batch
 from rlsys.engine.sequence import Sequence
@@ -451,14 +451,15 @@ class EngineCore:
 
     @staticmethod
     def _record(seq: Sequence, tok: SampledToken, version: int, row: int) -> None:
-        """A generated token's record: id, log-prob, version, candidates, its input row's routes."""
+        """A generated token's record: id, log-prob, version, candidates. Its input row's
+        routes stay in the sequence's log until the result is made (`_result`)."""
         res = seq.result
+        assert row == seq.prompt_len - 1 + len(res.token_ids), "token j's input row"
         res.token_ids.append(tok.token_id)
         res.logprobs.append(tok.logprob)
         res.versions.append(version)
         res.candidate_ids.append(tok.candidates)
         res.candidate_capped.append(tok.capped)
-        res.routed_experts.append(seq.routes.row(row))
 
     def _settle(self, seq: Sequence, accepted: int) -> None:
         """End a verify: roll back the rows of the drafts after the `accepted` first ones."""
@@ -526,12 +527,12 @@ class EngineCore:
         rows = min(seq.prompt_len - 1, seq.routes.rows)
         if seq.routes.rows:
             res.prompt_routed_experts = seq.routes.slice(0, rows)
-        if res.superseded_routes and seq.routes.rows:
-            # tokens emitted before the update carry the old version's route of their row;
-            # the engine fed those rows again under the new one, which later tokens saw
-            first = seq.prompt_len - 1
-            for j in range(min(len(res.routed_experts), seq.routes.rows - first)):
-                res.routed_experts[j] = seq.routes.row(first + j)
+        # Tokens' routes from the log: after a weight update the engine fed their rows again
+        # under the new version, which later tokens saw; a row not fed again yet keeps the
+        # route its token was emitted with (`token_routes`).
+        res.routed_experts = token_routes(
+            seq.routes, seq.prompt_len - 1, res.versions, res.superseded_routes
+        )
         return res
 
     def _find(self, request_id: str) -> Sequence | None:

@@ -6,9 +6,18 @@ fed to the model; its logits predicted token r + 1. So a result's per-token
 `routed_experts[i]` is row `prompt_len - 1 + i` (the row that produced generated token i),
 and `prompt_routed_experts` holds rows [0, prompt_len - 1): together they cover every input
 row of `prompt + generated[:-1]`, exactly the rows of the trainer's forward over them.
+
+Objects, not bytes, are what a long-lived engine must keep few of: every object the
+collector tracks is walked again by each full collection, inside an engine step. A log
+appends one small part per decode step, so it folds its newest `FOLD` parts into one
+whenever that many have piled up at one level (`_fold`): a sequence of n rows holds
+O(FOLD log n) parts, each row copied once per level. A result's per-token routes are one
+compact block (`TokenRoutes`), each token's entry cut from it on demand, by the consumer.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence as SequenceABC
 
 import torch
 from torch import Tensor
@@ -21,25 +30,44 @@ class RouteLog:
     """Append-only (until `clear`, or a `truncate` of the last append) compact routes: ids
     uint8/int16, gates in `gate_dtype` (fp32; bf16; "none": no gates, for indices-only replay)."""
 
+    # parts folded into one when this many of one level are the newest (see module doc)
+    FOLD = 32
+    _WHOLE = 1 << 30  # the level of a part that never folds again (a merge of everything)
+
     def __init__(self, n_experts: int, gate_dtype: str = "float32") -> None:
         self.n_experts, self.gate_dtype = n_experts, gate_dtype
         self._parts: list[dict[str, Tensor]] = []
+        self._levels: list[int] = []  # per part: 0 appended, l + 1 a fold of FOLD level-l parts
         self.rows = 0
 
     def append(self, routes: RoutedExperts) -> None:
-        self._parts.append(routes.to_compact(self.n_experts, self.gate_dtype))
-        self.rows += routes.num_tokens
+        self.append_compact(routes.to_compact(self.n_experts, self.gate_dtype))
 
     def append_compact(self, part: dict[str, Tensor]) -> None:
         """Append rows already in this log's compact form (`RoutedExperts.to_compact` with
         this log's dtypes), e.g. one sequence's rows of a whole step's compact routes."""
         self._parts.append(part)
+        self._levels.append(0)
         self.rows += part["indices"].shape[1]
+        self._fold()
+
+    def _fold(self) -> None:
+        """While the newest FOLD parts share a level, merge them into one part a level up."""
+        f = self.FOLD
+        while len(self._levels) >= f and len(set(self._levels[-f:])) == 1:
+            level = self._levels[-1]
+            if level == self._WHOLE:
+                return
+            merged = _merge(self._parts[-f:])
+            del self._parts[-f:], self._levels[-f:]
+            self._parts.append(merged)
+            self._levels.append(level + 1)
 
     def extend(self, other: RouteLog, rows: int) -> None:
         """Take the first `rows` rows of `other` (a prefix-cache entry's log)."""
         if rows:
             self._parts.append(other.slice(0, rows))
+            self._levels.append(self._WHOLE)
             self.rows += rows
 
     def truncate(self, rows: int) -> None:
@@ -54,20 +82,13 @@ class RouteLog:
         self.rows = rows
 
     def clear(self) -> None:
-        self._parts, self.rows = [], 0
+        self._parts, self._levels, self.rows = [], [], 0
 
     def slice(self, start: int, stop: int) -> dict[str, Tensor]:
         """Rows [start, stop) as {"indices": (L, n, k), "gates": (L, n, k)}."""
         assert 0 <= start <= stop <= self.rows, (start, stop, self.rows)
         if len(self._parts) > 1:  # compact once so later slices are cheap
-            # blocks: widths differ between steps, so they are padded to the widest
-            merged = {
-                key: (cat_blocks if key == "blocks" else torch.cat)(
-                    [p[key] for p in self._parts], dim=1
-                )
-                for key in self._parts[0]
-            }
-            self._parts = [merged]
+            self._parts, self._levels = [_merge(self._parts)], [self._WHOLE]
         if not self._parts:
             raise ValueError("no routes recorded")
         return {key: t[:, start:stop].contiguous() for key, t in self._parts[0].items()}
@@ -90,3 +111,55 @@ class RouteLog:
                 return {key: t[:, r - start].clone() for key, t in part.items()}
             end = start
         raise AssertionError("rows are counted over the parts")
+
+
+def _merge(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Parts' rows in order, as one part (selection blocks: widths differ between steps, so
+    they are padded to the widest)."""
+    return {
+        key: (cat_blocks if key == "blocks" else torch.cat)([p[key] for p in parts], dim=1)
+        for key in parts[0]
+    }
+
+
+class TokenRoutes(SequenceABC):
+    """A result's per-token routes as one compact block: {"indices": (L, n, k), "gates":
+    (L, n, k)} (and "blocks": (S, n, Hkv, W)); entry j is token j's `{key: (L, k)}`, a
+    copy cut on demand. The engine hands over one block per result instead of n small
+    tensors, so it neither keeps n x 3 tracked objects alive while a request runs nor
+    pays their copies inside its steps; it pickles as the block (a per-token view would
+    pickle the block's whole storage, hence the copies)."""
+
+    def __init__(self, block: dict[str, Tensor]) -> None:
+        self.block = block
+
+    def __len__(self) -> int:
+        return int(self.block["indices"].shape[1]) if self.block else 0
+
+    def __getitem__(self, j: int) -> dict[str, Tensor]:  # type: ignore[override]
+        if not isinstance(j, int):
+            raise TypeError(f"TokenRoutes takes an int index, got {type(j).__name__}")
+        if not -len(self) <= j < len(self):
+            raise IndexError(j)
+        return {key: t[:, j].clone() for key, t in self.block.items()}
+
+
+def token_routes(
+    log: RouteLog,
+    first: int,
+    versions: list[int],
+    superseded: list[tuple[int, dict[str, Tensor]]],
+) -> TokenRoutes:
+    """The routes of a result's len(versions) generated tokens: token j's input row is
+    `first + j`. Rows the log holds come from it; a row a weight update cleared from the
+    log before it was fed again (the request ended first) keeps the route its token was
+    emitted with: the superseded version `versions[j]`'s."""
+    n = len(versions)
+    covered = max(0, min(n, log.rows - first))
+    parts = [log.slice(first, first + covered)] if covered else []
+    for j in range(covered, n):
+        old = next((routes for v, routes in superseded if v == versions[j]), None)
+        if old is None:
+            raise AssertionError(f"no route recorded for token {j} (row {first + j})")
+        parts.append({key: t[:, first + j : first + j + 1] for key, t in old.items()})
+    return TokenRoutes(_merge(parts) if parts else {})

@@ -295,12 +295,11 @@ def _check_result(result: GenerationResult, tok: ByteTokenizer) -> None:
     if result.error is not None or result.finish_reason in ("error", "abort"):
         raise RolloutAbort("failed_engine", result.error or f"finish_reason={result.finish_reason}")
     n = len(result.token_ids)
-    routed = None if result.routed_experts is None else list(result.routed_experts)
     lengths = {"logprobs": len(result.logprobs), "versions": len(result.versions)}
     if result.candidate_ids:
         lengths["candidate_ids"] = len(result.candidate_ids)
-    if routed is not None:
-        lengths["routed_experts"] = len(routed)
+    if result.routed_experts is not None:  # a list, or the engine's `TokenRoutes`
+        lengths["routed_experts"] = len(result.routed_experts)
     bad = {k: v for k, v in lengths.items() if v != n}
     if bad or not all(tok.is_valid(i) for i in result.token_ids):
         raise RolloutAbort("failed_engine", f"malformed result: {n} tokens, lengths {bad}")

@@ -8,7 +8,7 @@ import pickle
 
 import torch
 
-from rlsys.engine.route_log import RouteLog
+from rlsys.engine.route_log import RouteLog, token_routes
 from rlsys.model import RoutedExperts
 
 
@@ -51,3 +51,39 @@ def test_a_row_owns_its_storage_and_leaves_the_log_unmerged() -> None:
     # a view would pickle the whole 2,048-row append along with the row
     assert len(pickle.dumps(row)) < 2_000
     assert torch.equal(log.row(5)["indices"], log.slice(5, 6)["indices"][:, 0])
+
+
+def test_one_row_appends_fold_into_few_parts_with_the_same_rows() -> None:
+    """A decode step appends one row per sequence: 2,000 appends end in O(FOLD log n)
+    parts, not 2,000 (each a dict of two tensors a full collection walks), and every row,
+    slice and a truncate of the newest append read the same as the appended rows."""
+    n = 2000
+    log = RouteLog(n_experts=16)
+    appended = [_routes(1, i) for i in range(n)]
+    for routes in appended:
+        log.append(routes)
+        assert len(log._parts) <= 64  # FOLD 32: < 32 parts per level, 3 levels at 2,000
+    want = torch.cat([r.indices for r in appended], dim=1).to(torch.uint8)
+    for r in (0, 1, 31, 32, 1023, 1024, n - 1):
+        assert torch.equal(log.row(r)["indices"], want[:, r]), r
+    log.append(_routes(3, n))
+    log.truncate(n + 1)  # a verify's rejected drafts: two of the newest append's rows
+    assert log.rows == n + 1
+    assert torch.equal(log.slice(0, n)["indices"], want)
+    assert torch.equal(log.row(n)["indices"], _routes(3, n).indices[:, 0].to(torch.uint8))
+
+
+def test_token_routes_cut_copies_and_take_superseded_rows_by_version() -> None:
+    """A result's token routes: entry j is row first + j of the log, a copy (it pickles
+    small); rows the log no longer holds (cleared by a weight update) come from the
+    superseded version their token was emitted with."""
+    log = _log_of([6, 1, 1])
+    old = _log_of([9]).slice(0, 9)
+    tokens = token_routes(log, 3, [1, 1, 1, 1, 0, 0], [(0, old)])
+    assert len(tokens) == 6
+    merged = log.slice(0, log.rows)
+    for j in range(5):  # rows 3..7: the log's
+        assert torch.equal(tokens[j]["gates"], merged["gates"][:, 3 + j])
+    assert torch.equal(tokens[5]["indices"], old["indices"][:, 8])  # row 8: version 0's
+    assert len(pickle.dumps(tokens[0])) < 2_000
+    assert len(token_routes(RouteLog(16), 0, [], [])) == 0
