@@ -10,7 +10,7 @@ row of `prompt + generated[:-1]`, exactly the rows of the trainer's forward over
 Objects, not bytes, are what a long-lived engine must keep few of: every object the
 collector tracks is walked again by each full collection, inside an engine step. A log
 appends one small part per decode step, so it folds its newest `FOLD` parts into one
-whenever that many have piled up at one level (`_fold`): a sequence of n rows holds
+whenever that many have piled up at one level (`_push`): a sequence of n rows holds
 O(FOLD log n) parts, each row copied once per level. A result's per-token routes are one
 compact block (`TokenRoutes`), each token's entry cut from it on demand, by the consumer.
 """
@@ -37,7 +37,9 @@ class RouteLog:
     def __init__(self, n_experts: int, gate_dtype: str = "float32") -> None:
         self.n_experts, self.gate_dtype = n_experts, gate_dtype
         self._parts: list[dict[str, Tensor]] = []
-        self._levels: list[int] = []  # per part: 0 appended, l + 1 a fold of FOLD level-l parts
+        # the parts' levels as runs, oldest first: [level, parts]; a part appended is level
+        # 0, a fold of FOLD level-l parts is level l + 1 (O(1) per append to keep)
+        self._runs: list[list[int]] = []
         self.rows = 0
 
     def append(self, routes: RoutedExperts) -> None:
@@ -47,28 +49,30 @@ class RouteLog:
         """Append rows already in this log's compact form (`RoutedExperts.to_compact` with
         this log's dtypes), e.g. one sequence's rows of a whole step's compact routes."""
         self._parts.append(part)
-        self._levels.append(0)
         self.rows += part["indices"].shape[1]
-        self._fold()
+        self._push(0)
 
-    def _fold(self) -> None:
-        """While the newest FOLD parts share a level, merge them into one part a level up."""
-        f = self.FOLD
-        while len(self._levels) >= f and len(set(self._levels[-f:])) == 1:
-            level = self._levels[-1]
-            if level == self._WHOLE:
-                return
+    def _push(self, level: int) -> None:
+        """Count a new newest part of `level`; while the newest FOLD parts share a level
+        (not `_WHOLE`), merge them into one part a level up."""
+        runs, f = self._runs, self.FOLD
+        if runs and runs[-1][0] == level:
+            runs[-1][1] += 1
+        else:
+            runs.append([level, 1])
+        if level != self._WHOLE and runs[-1][1] == f:
             merged = _merge(self._parts[-f:])
-            del self._parts[-f:], self._levels[-f:]
+            del self._parts[-f:]
             self._parts.append(merged)
-            self._levels.append(level + 1)
+            runs.pop()
+            self._push(level + 1)
 
     def extend(self, other: RouteLog, rows: int) -> None:
         """Take the first `rows` rows of `other` (a prefix-cache entry's log)."""
         if rows:
             self._parts.append(other.slice(0, rows))
-            self._levels.append(self._WHOLE)
             self.rows += rows
+            self._push(self._WHOLE)
 
     def truncate(self, rows: int) -> None:
         """Drop rows >= `rows`, all of them from the last append (a verify's rejected drafts)."""
@@ -82,13 +86,13 @@ class RouteLog:
         self.rows = rows
 
     def clear(self) -> None:
-        self._parts, self._levels, self.rows = [], [], 0
+        self._parts, self._runs, self.rows = [], [], 0
 
     def slice(self, start: int, stop: int) -> dict[str, Tensor]:
         """Rows [start, stop) as {"indices": (L, n, k), "gates": (L, n, k)}."""
         assert 0 <= start <= stop <= self.rows, (start, stop, self.rows)
         if len(self._parts) > 1:  # compact once so later slices are cheap
-            self._parts, self._levels = [_merge(self._parts)], [self._WHOLE]
+            self._parts, self._runs = [_merge(self._parts)], [[self._WHOLE, 1]]
         if not self._parts:
             raise ValueError("no routes recorded")
         return {key: t[:, start:stop].contiguous() for key, t in self._parts[0].items()}

@@ -2,7 +2,7 @@
 
 Every object the collector tracks is walked again by each full collection, inside an
 engine step; on the GPU, at a batch of 256 requests, one such pause took 167 ms. A
-sequence's route log folds its one-row parts (`RouteLog._fold`) and a token's routes are
+sequence's route log folds its one-row parts (`RouteLog`) and a token's routes are
 cut from the log only when the result is made (`token_routes`), so what is left per token
 is its candidate list. Before, each token kept a log part (a dict and two views) and its
 own routes entry (a dict and two copies) alive for the request's whole life."""
