@@ -25,7 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_registers import DIVISIBLE, POINTERS, geometry, kernels  # noqa: E402
-from rlsys.kernels.triton_ops.attention_fwd import forward_launch  # noqa: E402
 from rlsys.kernels.triton_ops.offline import compile_sass  # noqa: E402
 
 LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
@@ -63,15 +62,11 @@ def main() -> None:
     print("| kernel | layer | variant | loops (instructions each) | step loop's top opcodes |")
     print("|---|---|---|---|---|")
     for label, kernel, extra, launch in kernels(d):
-        if "ONE_ROW" in extra:  # the decode walk: one warp's rows, the whole tile's, any rows
-            whole = {**launch, "num_warps": forward_launch(d)["num_warps"]}
-            variants = [
-                ("one query, one warp's 16 rows", extra, launch),
-                ("one query, the whole tile", {**extra, "SUB": geometry(d, True)["T"]}, whole),
-                ("any rows", {**extra, "ONE_ROW": False, "SUB": 0}, whole),
-            ]
-        else:
-            variants = [("", extra, launch)]
+        variants = [("", extra, launch)]
+        if label == "split part":
+            variants = [("one query, one warp's 16 rows", extra, launch)]
+        elif label == "split part, whole tile":  # and the part walk of tiles of any rows
+            variants += [("any rows", {**extra, "ONE_ROW": False, "SUB": 0}, launch)]
         for sparse in (True, False):
             for name, consts, options in variants:
                 sass = compile_sass(

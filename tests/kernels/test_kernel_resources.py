@@ -24,12 +24,14 @@ from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
 # launch's specialisation). A second accumulator's worth of state is hundreds of bytes: with
 # the query tile doubled (twice the rows' state) the walk spills 408 bytes (tried).
 MAX_SPILL_BYTES = 32
-KERNELS = {"walk": "forward walk", "part": "split part"}  # rows of the benchmark's table
+# rows of the benchmark's table: the decode part walk on one warp's rows, and on the whole
+# tile (calls of fewer part programs)
+KERNELS = {"walk": "forward walk", "part": "split part", "whole": "split part, whole tile"}
 
 
 @pytest.mark.parametrize(
-    ("kernel", "sparse"), [("walk", True), ("walk", False), ("part", True)],
-    ids=["sparse-walk", "swa-walk", "sparse-split-part"],
+    ("kernel", "sparse"), [("walk", True), ("walk", False), ("part", True), ("whole", True)],
+    ids=["sparse-walk", "swa-walk", "sparse-split-part", "sparse-split-part-whole-tile"],
 )  # fmt: skip
 def test_the_narrow_head_walks_fit_the_register_cap(kernel: str, sparse: bool) -> None:
     launch = forward_launch(64)
