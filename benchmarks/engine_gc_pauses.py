@@ -55,6 +55,24 @@ class Pauses:
         return sum(sum(ps) for ps in self.by_gen.values())
 
 
+def loaded_core(name: str, batch: int, prompt_len: int, gen: int) -> EngineCore:
+    """A CPU `EngineCore` of preset `name` (one thread, random weights) holding `batch`
+    requests of a `prompt_len`-token prompt that each generate `gen` tokens."""
+    torch.set_num_threads(1)
+    cfg = preset(name)
+    ecfg = EngineConfig(
+        max_running=batch, max_context_tokens=prompt_len + gen + 8, device="cpu",
+        max_step_tokens=max(batch, 8192), prefix_cache_tokens=0,
+    )  # fmt: skip
+    core = EngineCore(cfg, ecfg, make_runner(cfg, ecfg, None))
+    vocab = min(cfg.vocab_size, 60)
+    for i in range(batch):
+        prompt = [(7 * j + i) % vocab for j in range(prompt_len)]
+        params = SamplingConfig(max_tokens_per_turn=gen)
+        assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=i)) is None
+    return core
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="tiny")
@@ -63,18 +81,7 @@ def main() -> None:
     parser.add_argument("--gen", type=int, default=512)
     parser.add_argument("--freeze", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    cfg = preset(args.preset)
-    ecfg = EngineConfig(
-        max_running=args.batch, max_context_tokens=args.prompt + args.gen + 8, device="cpu",
-        max_step_tokens=max(args.batch, 8192), prefix_cache_tokens=0,
-    )  # fmt: skip
-    core = EngineCore(cfg, ecfg, make_runner(cfg, ecfg, None))
-    vocab = min(cfg.vocab_size, 60)
-    for i in range(args.batch):
-        prompt = [(7 * j + i) % vocab for j in range(args.prompt)]
-        params = SamplingConfig(max_tokens_per_turn=args.gen)
-        assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=i)) is None
+    core = loaded_core(args.preset, args.batch, args.prompt, args.gen)
     if args.freeze:
         freeze_startup_objects()
     start_objects = len(gc.get_objects())

@@ -22,17 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlsys.config.engine import EngineConfig  # noqa: E402
-from rlsys.config.model import preset  # noqa: E402
-from rlsys.config.sampling import SamplingConfig  # noqa: E402
-from rlsys.engine.api import GenerationRequest  # noqa: E402
+from benchmarks.engine_gc_pauses import loaded_core  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.route_log import RouteLog  # noqa: E402
-from rlsys.engine.runners import make_runner  # noqa: E402
 
 SPENT: dict[str, float] = {}
 
@@ -62,18 +56,7 @@ def main() -> None:
     for owner, name in ((RouteLog, "append_compact"), (EngineCore, "_record"),
                         (EngineCore, "_result")):  # fmt: skip
         timed(owner, name)
-    torch.set_num_threads(1)
-    cfg = preset("tiny")
-    ecfg = EngineConfig(
-        max_running=args.batch, max_context_tokens=args.prompt + args.gen + 8, device="cpu",
-        max_step_tokens=8192, prefix_cache_tokens=0,
-    )  # fmt: skip
-    core = EngineCore(cfg, ecfg, make_runner(cfg, ecfg, None))
-    vocab = min(cfg.vocab_size, 60)
-    for i in range(args.batch):
-        prompt = [(7 * j + i) % vocab for j in range(args.prompt)]
-        params = SamplingConfig(max_tokens_per_turn=args.gen)
-        assert core.add(GenerationRequest(f"r{i}", f"s{i}", prompt, params, seed=i)) is None
+    core = loaded_core("tiny", args.batch, args.prompt, args.gen)
     core.step()  # the prefill
     SPENT.clear()
     steps = 0
