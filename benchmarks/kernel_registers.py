@@ -90,7 +90,7 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
          {**forward_launch(d), "num_warps": 1}),
         # ... and with fewer than ONE_WARP_MIN_PROGRAMS part programs: the whole tile
         ("split part, whole tile", f"{MODULE}.attention_split:_attn_fwd_part",
-         {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": geometry(d, True)["T"]},
+         {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": 0},
          forward_launch(d)),
         ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq", {}, attention_bwd.DQ_LAUNCH),
         ("backward dk dv", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {}, attention_bwd.DKV_LAUNCH),

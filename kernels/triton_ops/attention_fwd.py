@@ -553,21 +553,21 @@ ONE_WARP_MIN_PROGRAMS = 512
 
 
 def one_query_slots(tiles: QueryTiles, g: int, warps: int, programs: int) -> int:
-    """Slots a part walk of `programs` programs runs per tile when every tile holds one
-    query (0: some tile holds more).
+    """Slots of the one-warp slice a part walk of `programs` programs runs per tile, or 0
+    (the whole tile).
 
-    One warp's 16 rows (16 // g slots; the launch takes one warp) when the whole tile
-    gives each of its `warps` warps 16 rows and g divides 16: the query's rows sit at the
-    same place in that warp's share as in the whole tile, so a one-warp program computes
-    them alike (`test_attention_split`), in a quarter of the instructions (the decode walk
-    is bound by instruction issue). Else the whole tile (only the mask is cut)."""
-    if not tiles.host_rows or max(tiles.host_rows) != 1:
+    The slice is one warp's 16 rows (16 // g slots, a one-warp launch). It applies when
+    every tile holds one query, the walk launches at least ONE_WARP_MIN_PROGRAMS programs,
+    the whole tile gives each of its `warps` warps 16 rows and g divides 16. The query's
+    rows then sit at the same place in that warp's share as in the whole tile, so a
+    one-warp program computes them alike (`test_attention_split`), in a quarter of the
+    instructions (the decode walk is bound by instruction issue)."""
+    if not tiles.host_rows or max(tiles.host_rows) != 1 or programs < ONE_WARP_MIN_PROGRAMS:
         return 0
-    sub = MMA_WARP_ROWS // g if MMA_WARP_ROWS % g == 0 else 0
-    whole_tile_splits = tiles.T * g >= warps * MMA_WARP_ROWS and sub and tiles.T % sub == 0
-    if whole_tile_splits and programs >= ONE_WARP_MIN_PROGRAMS:
-        return sub
-    return tiles.T
+    if MMA_WARP_ROWS % g or tiles.T * g < warps * MMA_WARP_ROWS:
+        return 0
+    sub = MMA_WARP_ROWS // g
+    return sub if tiles.T % sub == 0 else 0
 
 
 def splits_chunks(tiles: QueryTiles, hkv: int, chunk: int, n_chunks: int, g: int = 0) -> bool:
@@ -579,8 +579,7 @@ def splits_chunks(tiles: QueryTiles, hkv: int, chunk: int, n_chunks: int, g: int
     if not rows or max(rows) * 4 > tiles.T or tiles.max_pos < chunk:
         return False
     programs = tiles.n_tiles * hkv
-    if SPLIT_ONE_WARP and g:
-        slots = one_query_slots(tiles, g, FORWARD_LAUNCH["num_warps"], programs * n_chunks)
-        if 0 < slots < tiles.T:  # one warp's share of the tile (`one_query_slots`)
-            return True
+    warps = FORWARD_LAUNCH["num_warps"]
+    if SPLIT_ONE_WARP and g and one_query_slots(tiles, g, warps, programs * n_chunks):
+        return True
     return programs < SPLIT_BELOW_PROGRAMS and programs * n_chunks <= SPLIT_MAX_CHUNK_PROGRAMS

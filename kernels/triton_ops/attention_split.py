@@ -140,7 +140,7 @@ def _attn_fwd_part(
     LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
     ONE_ROW: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
-    # SUB > 0 (ONE_ROW): the SUB slots of the tile that hold its one query (`tile_rows`)
+    # SUB > 0 (one query per tile): the SUB slots that hold it (`tile_rows`, one warp)
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP,
         SPARSE, STEP, SUB,
@@ -247,9 +247,9 @@ def split_attention_forward(
     step_off, step_ids, bits = csr
     common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d)}
     grid = (tiles.n_tiles, hkv, n_chunks)
+    one_row = max(tiles.host_rows, default=0) == 1  # every tile holds one query
     sub = one_query_slots(tiles, g, common["num_warps"], grid[0] * grid[1] * grid[2])
-    # a slice smaller than the tile is one warp's share: one warp runs it (`one_query_slots`)
-    part_launch = {**common, "num_warps": 1} if 0 < sub < tiles.T else common
+    part_launch = {**common, "num_warps": 1} if sub else common  # one warp's share
     _attn_fwd_part[grid](
         q, k_pool, v_pool, pm, pl, pacc,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
@@ -259,7 +259,7 @@ def split_attention_forward(
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
         STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
-        PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=sub > 0, SUB=sub,
+        PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=one_row, SUB=sub,
         **chunk_constants(chunk), **part_launch,
     )  # fmt: skip
     _attn_merge[(tiles.n_tiles, hkv)](

@@ -101,10 +101,10 @@ class RouteLog:
         """One row as {"indices": (L, k), "gates": (L, k)} (a token's routed experts), and
         "blocks": (S, Hkv, W) when selections are recorded.
 
-        Read from the append that holds it, without merging the log: the engine asks for
-        the newest row of every sequence at every decode step, and merging (`slice`) would
-        copy the whole log each time, O(length) per token (it dominated the host side of
-        a batch-64 decode step on the GPU)."""
+        Read from the part that holds it, without merging the log: merging (`slice`)
+        copies the whole log, O(length) per read (when the engine read every sequence's
+        newest row at every decode step, that dominated the host side of a batch-64 step
+        on the GPU; a result's token routes now come from one `slice`, `token_routes`)."""
         assert 0 <= r < self.rows, (r, self.rows)
         if "blocks" in self._parts[0]:  # selection widths differ per append: pad via slice
             return {key: t[:, 0] for key, t in self.slice(r, r + 1).items()}
