@@ -52,6 +52,7 @@ ORDER = [
     "gpu_trainer_syncs",
     "kernel_instructions",
     "gpu_decode_one_warp",
+    "engine_host_step",
     "job_ends",
     "ci_time",
 ]

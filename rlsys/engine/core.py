@@ -114,6 +114,7 @@ class EngineCore:
         self._in_flight: _InFlight | None = None  # overlap (see module doc)
         self._done: list[GenerationResult] = []  # finished while settling outside `step`
         self._overlap = engine_cfg.overlap_decode and not engine_cfg.speculative_tokens
+        self._fold_phase = 0  # the next request's route-log phase (`RouteLog`: spread folds)
         engine_cfg.check_model(model_cfg)
 
     # ---- requests ----------------------------------------------------------------------
@@ -130,15 +131,19 @@ class EngineCore:
                 error=error,
                 prompt_tokens=len(request.prompt_ids),
             )
-        seed = request_seed(request.seed, self.cfg.seed, request.request_id)
+        rng = torch.Generator().manual_seed(
+            request_seed(request.seed, self.cfg.seed, request.request_id)
+        )
         self.waiting.append(
             Sequence(
                 request,
-                torch.Generator().manual_seed(seed),
+                rng,
                 [self.tokenizer.encode(text) for text in request.stop_strings],
-                RouteLog(self.model_cfg.n_experts, self.cfg.route_gates),
+                RouteLog(self.model_cfg.n_experts, self.cfg.route_gates, self._fold_phase),
+                RowParams(request.sampling, self.cfg.candidate_cap, rng),
             )
         )
+        self._fold_phase = (self._fold_phase + 1) % RouteLog.FOLD
         return None
 
     def abort(self, request_id: str) -> GenerationResult | None:
@@ -240,9 +245,7 @@ class EngineCore:
         # tokens on the device, inside the step (decode graphs), from their own generators
         sampling = None
         if all(len(c) == 1 and seq.num_pending == 1 for seq, c in batch):
-            sampling = [
-                RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s, _ in batch
-            ]
+            sampling = [s.sample_row for s, _ in batch]
         keys, chunks = [s.cache_key for s, _ in batch], [c for _, c in batch]
         launch = getattr(self.runner, "launch", None)
         launched = launch(keys, chunks, sampling) if launch is not None else None
@@ -294,11 +297,13 @@ class EngineCore:
             self.waiting and len(self.running) < self.cfg.max_running
         ):
             return None  # the batch changes: the next step is scheduled from the host
+        limit = self.cfg.max_context_tokens
         for seq in live:  # one that surely stops at prev's token, or samples its first
+            generated = seq.num_generated
             if (
-                seq.num_generated == 0
-                or seq.num_generated + 1 >= seq.request.sampling.max_tokens_per_turn
-                or len(seq.tokens) + 1 >= self.cfg.max_context_tokens
+                generated == 0
+                or generated + 1 >= seq.request.sampling.max_tokens_per_turn
+                or len(seq.tokens) + 1 >= limit
             ):
                 return None
         tokens = prev.launched.tokens
@@ -307,7 +312,7 @@ class EngineCore:
             # without a sync: a pageable copy would wait for the step in flight
             rows = torch.tensor([i for i, _ in prev.live()])
             tokens = tokens[moved_without_sync(rows, tokens.device)]
-        sampling = [RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s in live]
+        sampling = [s.sample_row for s in live]
         launch = self.runner.launch  # type: ignore[attr-defined]
         launched = launch([s.cache_key for s in live], [[0]] * len(live), sampling, tokens)
         if launched is None:  # no graph holds the batch now (a context bucket outgrown)
@@ -326,10 +331,11 @@ class EngineCore:
             routes = out.routes
             self._defer(lambda: self._keep_route_rows(routes, live))
         assert out.sampled is not None
+        rows = out.last_logits.unbind(0)  # every row's view in one call, not one per row
         for i, seq in live:
             seq.presampled = out.sampled[i]
             seq.num_cached += 1
-            seq.ready_logits = out.last_logits[i]
+            seq.ready_logits = rows[i]
             if seq.in_flight is step:
                 seq.in_flight = None
         return self._sample_ready()
@@ -365,8 +371,11 @@ class EngineCore:
     def _keep_route_rows(self, routes: RoutedExperts, rows: list[tuple[int, Sequence]]) -> None:
         """Each sequence keeps its row of a decode step's routes."""
         compact = routes.to_compact(self.model_cfg.n_experts, self.cfg.route_gates)
+        # every row's (L, 1, k) view in one call per key: a Python slice per row and key
+        # cost ~2.5x as much, for every sequence at every decode step
+        columns = {key: t.split(1, dim=1) for key, t in compact.items()}
         for i, seq in rows:
-            seq.routes.append_compact({key: t[:, i : i + 1] for key, t in compact.items()})
+            seq.routes.append_compact({key: cols[i] for key, cols in columns.items()})
 
     def _keep_routes(self, routes: RoutedExperts, batch: list[tuple[Sequence, list[int]]]) -> None:
         """Each sequence keeps its rows of a step's routes (compacted once for the step)."""
@@ -433,7 +442,7 @@ class EngineCore:
         drawn = [s.presampled for s in active]
         if todo:
             rows = [active[i] for i in todo]
-            params = [RowParams(s.request.sampling, self.cfg.candidate_cap, s.rng) for s in rows]
+            params = [s.sample_row for s in rows]
             logits = torch.stack([current[i] for i in todo])
             for i, tok in zip(
                 todo, sample_batch(logits, params, self.cfg.sample_vocab), strict=True

@@ -46,7 +46,7 @@ from rlsys.engine.sampler import (
     RowTensors,
     SampledToken,
     SampleOut,
-    draw_uniforms,
+    draw_uniforms_into,
     sample_rows,
 )
 from rlsys.kernels.host_to_device import CopyFence
@@ -60,13 +60,20 @@ FIRST_BUCKET = 1024  # context buckets: 1K, 4K, 16K, ... (x4), capped at the eng
 
 class SamplingBuffers:
     """Fixed buffers of a graph's per-row sampling parameters (padding rows: a harmless
-    default), filled from the host with one copy per step."""
+    default), filled from the host with one copy per step.
+
+    Per step only the draws change while the batch's rows stay the same sequences, so the
+    parameter rows are rewritten only when the rows (`RowParams`, one object per sequence
+    for its life) differ from the last fill's; each row's uniform is drawn straight into
+    its column of the host buffer (`draw_uniforms_into`)."""
 
     def __init__(self, batch: int, device: torch.device) -> None:
         pin = device.type == "cuda"
         self.host = torch.zeros(5, batch, dtype=torch.float64, pin_memory=pin)
         self.dev = torch.zeros(5, batch, dtype=torch.float64, device=device)
         self._copied = CopyFence(pin)  # the host buffer is rewritten once the device read it
+        self._draws = list(self.host[4].split(1))  # one view per row, drawn into in place
+        self._rows: list[RowParams] | None = None  # whose parameters the buffer holds
         self.fill([])
 
     def tensors(self) -> RowTensors:
@@ -76,15 +83,25 @@ class SamplingBuffers:
     def fill(self, rows: list[RowParams]) -> None:
         self._copied.wait()
         h, n = self.host, len(rows)
-        h[:, n:] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5], dtype=torch.float64)[:, None]
-        if n:
-            h[0, :n] = torch.tensor([r.params.temperature for r in rows], dtype=torch.float64)
-            h[1, :n] = torch.tensor([float(r.params.top_k) for r in rows], dtype=torch.float64)
-            h[2, :n] = torch.tensor([r.params.top_p for r in rows], dtype=torch.float64)
-            h[3, :n] = torch.tensor([float(r.cap) for r in rows], dtype=torch.float64)
-            h[4, :n] = torch.tensor(draw_uniforms(rows), dtype=torch.float64)
+        if not self._same_rows(rows):
+            h[:, n:] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5], dtype=torch.float64)[:, None]
+            if n:
+                h[:4, :n] = torch.tensor(
+                    [(r.params.temperature, r.params.top_k, r.params.top_p, r.cap) for r in rows],
+                    dtype=torch.float64,
+                ).T
+            self._rows = list(rows)
+        draw_uniforms_into(self._draws, rows)
         self.dev.copy_(h, non_blocking=True)
         self._copied.mark()
+
+    def _same_rows(self, rows: list[RowParams]) -> bool:
+        last = self._rows
+        return (
+            last is not None
+            and len(last) == len(rows)
+            and all(a is b for a, b in zip(last, rows, strict=True))
+        )
 
 
 @dataclass

@@ -11,7 +11,8 @@ Objects, not bytes, are what a long-lived engine must keep few of: every object 
 collector tracks is walked again by each full collection, inside an engine step. A log
 appends one small part per decode step, so it folds its newest `FOLD` parts into one
 whenever that many have piled up at one level (`_push`): a sequence of n rows holds
-O(FOLD log n) parts, each row copied once per level. A result's per-token routes are one
+O(FOLD log n) parts, each row copied once per level. A log's first fold may come early
+(`phase`), so that sequences decoding side by side fold in different steps. A result's per-token routes are one
 compact block (`TokenRoutes`), each token's entry cut from it on demand, by the consumer.
 """
 
@@ -34,13 +35,21 @@ class RouteLog:
     FOLD = 32
     _WHOLE = 1 << 30  # the level of a part that never folds again (a merge of everything)
 
-    def __init__(self, n_experts: int, gate_dtype: str = "float32") -> None:
+    def __init__(self, n_experts: int, gate_dtype: str = "float32", phase: int = 0) -> None:
+        """`phase` in [0, FOLD): the log's first fold comes that many appends early. Logs of
+        sequences that decode together append in the same steps; with their phases spread
+        (the engine gives consecutive requests consecutive phases), each step folds
+        ~1/FOLD of them instead of all of them every FOLD steps (a host stall of several ms
+        at a batch of 256, once per FOLD steps)."""
+        if not 0 <= phase < self.FOLD:
+            raise ValueError(f"phase must be in [0, {self.FOLD}), got {phase}")
         self.n_experts, self.gate_dtype = n_experts, gate_dtype
         self._parts: list[dict[str, Tensor]] = []
         # the parts' levels as runs, oldest first: [level, parts]; a part appended is level
         # 0, a fold of FOLD level-l parts is level l + 1 (O(1) per append to keep)
         self._runs: list[list[int]] = []
         self.rows = 0
+        self._phase = self._early = phase  # `_early`: level-0 parts the next fold lacks
 
     def append(self, routes: RoutedExperts) -> None:
         self.append_compact(routes.to_compact(self.n_experts, self.gate_dtype))
@@ -55,16 +64,19 @@ class RouteLog:
     def _push(self, level: int) -> None:
         """Count a new newest part of `level`; while the newest FOLD parts share a level
         (not `_WHOLE`), merge them into one part a level up."""
-        runs, f = self._runs, self.FOLD
+        runs = self._runs
         if runs and runs[-1][0] == level:
             runs[-1][1] += 1
         else:
             runs.append([level, 1])
+        f = self.FOLD - self._early if level == 0 else self.FOLD
         if level != self._WHOLE and runs[-1][1] == f:
             merged = _merge(self._parts[-f:])
             del self._parts[-f:]
             self._parts.append(merged)
             runs.pop()
+            if level == 0:
+                self._early = 0
             self._push(level + 1)
 
     def extend(self, other: RouteLog, rows: int) -> None:
@@ -87,6 +99,7 @@ class RouteLog:
 
     def clear(self) -> None:
         self._parts, self._runs, self.rows = [], [], 0
+        self._early = self._phase
 
     def slice(self, start: int, stop: int) -> dict[str, Tensor]:
         """Rows [start, stop) as {"indices": (L, n, k), "gates": (L, n, k)}."""

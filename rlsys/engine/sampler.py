@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -40,8 +41,10 @@ from rlsys.config.sampling import SamplingConfig
 from rlsys.model import candidate_mask, token_log_probs
 
 
-@dataclass(frozen=True)
-class SampledToken:
+class SampledToken(NamedTuple):
+    """One drawn token as the host reads it (a named tuple: the engine makes one per
+    sequence per decode step, and a tuple is the cheapest immutable record to build)."""
+
     token_id: int
     logprob: float
     candidates: list[int]
@@ -106,11 +109,15 @@ class SampleOut:
 
     @staticmethod
     def unpack(host: Tensor) -> list[SampledToken]:
+        """`packed`'s rows back as tokens. The candidate ids (exact in fp64) become int64 in
+        one host op, so each row's list is a slice of a ready list of ints: no per-id
+        conversion in Python (this runs for every sequence at every decode step)."""
+        heads = host[:, :4].tolist()
+        cands = host[:, 4:].to(torch.int64).tolist()
         out = []
-        for token, lp, cut, count, *cand in host.tolist():
+        for (token, lp, cut, count), ids in zip(heads, cands, strict=True):
             assert math.isfinite(lp), "a sampled token always lies in its candidate set"
-            ids = [int(c) for c in cand[: int(count)]]
-            out.append(SampledToken(int(token), float(lp), ids, bool(cut)))
+            out.append(SampledToken(int(token), lp, ids[: int(count)], cut != 0.0))
         return out
 
     def to_host(self, n: int) -> list[SampledToken]:
@@ -121,6 +128,14 @@ class SampleOut:
 def draw_uniforms(rows: list[RowParams]) -> list[float]:
     """One uniform per row from the row's own generator (one per sampled token)."""
     return [float(torch.rand((), generator=r.rng, dtype=torch.float64)) for r in rows]  # type: ignore[arg-type]
+
+
+def draw_uniforms_into(out: list[Tensor], rows: list[RowParams]) -> None:
+    """`draw_uniforms` written in place: `out[i]`, a one-element fp64 CPU tensor, gets row
+    i's draw (the same value and generator state: `torch.rand` is `uniform_` on a new
+    tensor); without a tensor made per row. `out` may have more entries than rows."""
+    for view, r in zip(out, rows, strict=False):
+        view.uniform_(generator=r.rng)
 
 
 def row_tensors(rows: list[RowParams], u: list[float], device: torch.device) -> RowTensors:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.route_log import RouteLog
-from rlsys.engine.sampler import SampledToken
+from rlsys.engine.sampler import RowParams, SampledToken
 
 
 @dataclass
@@ -29,6 +29,9 @@ class Sequence:
     rng: torch.Generator
     stop_sequences: list[list[int]]
     routes: RouteLog
+    # what each of its draws needs (parameters, the engine's candidate cap, `rng`): fixed
+    # for the sequence's life, so built once, not per sequence per decode step
+    sample_row: RowParams
     tokens: list[int] = field(default_factory=list)
     cache_key: int | None = None
     num_cached: int = 0
@@ -62,12 +65,18 @@ class Sequence:
         return len(self.tokens) - self.num_cached
 
     def stop_reason(self, max_context: int) -> FinishReason | None:
-        """Why generation ends after the newest token (stop before length), or None."""
-        gen = self.tokens[self.prompt_len :]
-        if gen[-1] in self.request.stop_token_ids:
+        """Why generation ends after the newest token (stop before length), or None.
+
+        O(longest stop sequence) per token: it runs for every sequence at every decode
+        step, so it reads only the generated tail, never a copy of the whole generation."""
+        tokens = self.tokens
+        n_tokens = len(tokens)
+        generated = n_tokens - len(self.request.prompt_ids)
+        if tokens[-1] in self.request.stop_token_ids:
             return "stop"
-        if any(len(s) <= len(gen) and gen[-len(s) :] == s for s in self.stop_sequences):
-            return "stop"
-        if len(gen) >= self.request.sampling.max_tokens_per_turn or len(self.tokens) >= max_context:
+        for s in self.stop_sequences:
+            if len(s) <= generated and tokens[n_tokens - len(s) :] == s:
+                return "stop"
+        if generated >= self.request.sampling.max_tokens_per_turn or n_tokens >= max_context:
             return "length"
         return None

@@ -23,6 +23,7 @@ Legend: B batch (graph size), P page tokens, K Sparse GQA block, MP pages per ta
 from __future__ import annotations
 
 import array
+from typing import NamedTuple
 
 import torch
 
@@ -80,34 +81,61 @@ class StaticDecodeLayout:
             blocks_by_row=True,
         )
         self.kv = TritonKV(geo, tiles, paged=layout)
+        # The page tables on the host, kept between steps: a row is rewritten only when its
+        # sequence or that sequence's pages changed since the last fill (`_holds`), so a
+        # step costs O(batch) compares, not O(batch x pages) list copies.
+        self._sparse_tab = torch.full((batch, self.pages), self.scratch_sparse, dtype=torch.int64)
+        self._swa_tab = torch.full((batch, self.pages), self.scratch_swa, dtype=torch.int64)
+        self._held: list[_PagesHeld | None] = [None] * batch  # None: padding
 
-    def fill(self, tokens: list[int], caches: list[PagedSeqCache]) -> None:
-        """Reserve pages for each sequence's next token and write the step's addresses."""
-        n, bsz, mp = len(tokens), self.batch, self.pages
-        assert n <= bsz and len(caches) == n  # n = 0: padding only (warm-up and capture)
-        p, k, geo_t = self.pool.page_size, self.cfg.sparse_block, self.kv.geo.query_tile
-        lengths = []
+    def _write_rows(self, rows: list[int], caches: list[PagedSeqCache | None]) -> None:
+        """Rewrite host table rows `rows` from `caches` (None: a padding row), in one
+        indexed copy per table: the rows of a batch that started together change in the
+        same step (a page boundary), and a copy per row cost ~10x as much."""
+        mp = self.pages
         sp_pad, sw_pad = [self.scratch_sparse] * mp, [self.scratch_swa] * mp
-        # the page tables as flat int64 arrays (a C loop per row, one tensor each): a nested
-        # list's torch.tensor took ~0.23 ms per table at batch 64 x 80 pages, this ~0.13
+        # flat int64 arrays: a C loop per row (a nested list's torch.tensor is ~2x slower)
         sparse_flat, swa_flat = array.array("q"), array.array("q")
-        for cache in caches:
-            assert cache.length <= self.max_pos, "the sequence outgrew this graph's bucket"
-            self.pool.reserve(cache, cache.length + 1)
-            lengths.append(cache.length)
+        for i, cache in zip(rows, caches, strict=True):
+            if cache is None:
+                sparse_flat.extend(sp_pad)
+                swa_flat.extend(sw_pad)
+                self._held[i] = None
+                continue
             sp = cache.sparse_pages if self.pool.sparse_k else []
             sparse_flat.extend(sp)
             sparse_flat.extend(sp_pad[len(sp) :])
             sw = [x if x is not None else 0 for x in cache.swa_pages] if self.pool.swa_k else []
             swa_flat.extend(sw)
             swa_flat.extend(sw_pad[len(sw) :])
+            self._held[i] = _PagesHeld(
+                cache.sparse_pages, len(cache.sparse_pages), cache.swa_pages,
+                len(cache.swa_pages), cache.swa_released,
+            )  # fmt: skip
+        index = torch.tensor(rows, dtype=torch.int64)
+        self._sparse_tab[index] = torch.frombuffer(sparse_flat, dtype=torch.int64).view(-1, mp)
+        self._swa_tab[index] = torch.frombuffer(swa_flat, dtype=torch.int64).view(-1, mp)
+
+    def fill(self, tokens: list[int], caches: list[PagedSeqCache]) -> None:
+        """Reserve pages for each sequence's next token and write the step's addresses."""
+        n, bsz = len(tokens), self.batch
+        assert n <= bsz and len(caches) == n  # n = 0: padding only (warm-up and capture)
+        p, k, geo_t = self.pool.page_size, self.cfg.sparse_block, self.kv.geo.query_tile
+        lengths = []
+        held = self._held
+        stale: list[int] = []  # rows whose held pages are not their sequence's now
+        for i, cache in enumerate(caches):
+            assert cache.length <= self.max_pos, "the sequence outgrew this graph's bucket"
+            self.pool.reserve(cache, cache.length + 1)
+            lengths.append(cache.length)
+            if not _holds(held[i], cache):
+                stale.append(i)
+        stale += [i for i in range(n, bsz) if held[i] is not None]
+        if stale:
+            self._write_rows(stale, [caches[i] if i < n else None for i in stale])
         pad = bsz - n
-        for _ in range(pad):
-            sparse_flat.extend(sp_pad)
-            swa_flat.extend(sw_pad)
+        sparse_tab, swa_tab = self._sparse_tab, self._swa_tab
         pos = torch.tensor(lengths + [0] * pad, dtype=torch.int64)
-        sparse_tab = torch.frombuffer(sparse_flat, dtype=torch.int64).view(bsz, mp)
-        swa_tab = torch.frombuffer(swa_flat, dtype=torch.int64).view(bsz, mp)
         page = pos // p
         sp_page = sparse_tab.gather(1, page[:, None])[:, 0]
         sw_page = swa_tab.gather(1, page[:, None])[:, 0]
@@ -146,6 +174,33 @@ class StaticDecodeLayout:
         for cache in caches:
             cache.length += 1
             self.pool.trim_window(cache)
+
+
+class _PagesHeld(NamedTuple):
+    """What a host table row was written from: a cache's page lists and their state.
+
+    A row still holds a cache's pages while this matches it (`_holds`): a cache's page
+    lists only grow (`reserve`) and release SWA pages below `swa_released` (`trim_window`);
+    `free` gives the cache new lists, and a fork copies them, so no two caches share a list.
+    The lists are compared by identity, and held (an id is never reused while a row refers
+    to it)."""
+
+    sparse: list[int]
+    n_sparse: int
+    swa: list[int | None]
+    n_swa: int
+    swa_released: int
+
+
+def _holds(held: _PagesHeld | None, cache: PagedSeqCache) -> bool:
+    return (
+        held is not None
+        and held.sparse is cache.sparse_pages
+        and held.n_sparse == len(cache.sparse_pages)
+        and held.swa is cache.swa_pages
+        and held.n_swa == len(cache.swa_pages)
+        and held.swa_released == cache.swa_released
+    )
 
 
 def scratch_pages(pool: PagePool) -> tuple[int, int]:

@@ -111,6 +111,8 @@ class PagePool:
 
     def trim_window(self, cache: PagedSeqCache) -> None:
         """Release SWA pages whose positions are all out of every future query's window."""
+        if not self.swa_k:  # a model without SWA layers holds no SWA pages
+            return
         keep_from = max(cache.length - self.cfg.swa_window, 0) // self.page_size
         for p in range(cache.swa_released, keep_from):  # only pages not released yet
             page = cache.swa_pages[p]

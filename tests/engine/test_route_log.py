@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 import torch
 
 from rlsys.engine.route_log import RouteLog, token_routes
@@ -87,3 +88,26 @@ def test_token_routes_cut_copies_and_take_superseded_rows_by_version() -> None:
     assert torch.equal(tokens[5]["indices"], old["indices"][:, 8])  # row 8: version 0's
     assert len(pickle.dumps(tokens[0])) < 2_000
     assert len(token_routes(RouteLog(16), 0, [], [])) == 0
+
+
+def test_logs_of_side_by_side_sequences_fold_in_different_steps() -> None:
+    """Sequences that decode together append to their logs in the same steps; with their
+    phases spread (as the engine gives them), a step folds a few logs, not every log once
+    per FOLD steps (a multi-ms host stall at a batch of 256), and the rows stay the same."""
+    fold, n = RouteLog.FOLD, 64
+    logs = [RouteLog(n_experts=16, phase=i % fold) for i in range(n)]
+    appended = [_routes(1, step) for step in range(3 * fold)]
+    most = 0
+    for routes in appended:
+        before = [len(log._parts) for log in logs]
+        for log in logs:
+            log.append(routes)
+        most = max(most, sum(len(log._parts) <= b for log, b in zip(logs, before, strict=True)))
+    assert most <= 2 * n // fold, most  # all n at once without phases
+    want = torch.cat([r.indices for r in appended], dim=1).to(torch.uint8)
+    for log in (logs[0], logs[1], logs[fold - 1]):
+        assert torch.equal(log.slice(0, log.rows)["indices"], want)
+        log.clear()  # a weight update: the phase holds for the rows that follow
+        assert log._early == log._phase
+    with pytest.raises(ValueError, match="phase"):
+        RouteLog(n_experts=16, phase=fold)

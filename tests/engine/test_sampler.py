@@ -6,7 +6,16 @@ import pytest
 import torch
 
 from rlsys.config.sampling import SamplingConfig
-from rlsys.engine.sampler import candidate_set, sample
+from rlsys.engine.decode_graphs import SamplingBuffers
+from rlsys.engine.sampler import (
+    RowParams,
+    SampledToken,
+    SampleOut,
+    candidate_set,
+    sample,
+    sample_batch,
+    sample_rows,
+)
 from rlsys.model import token_log_probs
 
 pytestmark = pytest.mark.unit
@@ -53,3 +62,42 @@ def test_top_k_one_is_greedy_with_log_prob_zero() -> None:
     logits = torch.tensor([0.1, 2.0, 1.9])
     tok = sample(logits, SamplingConfig(top_k=1), 64, torch.Generator())
     assert tok.token_id == 1 and tok.logprob == 0.0 and tok.candidates == [1]
+
+
+def test_a_step_draws_what_sample_batch_draws_as_rows_join_and_leave() -> None:
+    """The graphs' sampling buffers keep the parameter rows while the batch's sequences stay
+    and draw each uniform into its column: the drawn tokens, log-probs and candidate sets
+    are `sample_batch`'s, step after step, as the rows change (a row leaves, one joins with
+    other parameters) and each generator advances by one draw per step."""
+    gen = torch.Generator().manual_seed(0)
+    params = [SamplingConfig(temperature=0.7, top_p=0.9), SamplingConfig(top_k=5)]
+    rows = [RowParams(params[i % 2], 8, torch.Generator().manual_seed(i)) for i in range(4)]
+    twins = [
+        RowParams(r.params, r.cap, torch.Generator().manual_seed(i)) for i, r in enumerate(rows)
+    ]
+    buffers = SamplingBuffers(6, torch.device("cpu"))
+    batches = [[0, 1, 2, 3], [0, 1, 2, 3], [0, 2, 3], [0, 2, 3, 1], [3]]
+    for batch in batches:
+        logits = torch.randn(6, 64, generator=gen) * 2  # the graph's rows, padding included
+        buffers.fill([rows[i] for i in batch])
+        drawn = sample_rows(logits, buffers.tensors(), 8, 64, None)
+        got = SampleOut.unpack(drawn.packed(len(batch)))
+        want = sample_batch(logits[: len(batch)], [twins[i] for i in batch])
+        assert got == want
+
+
+def test_unpack_gives_the_exact_ids_log_probs_and_flags() -> None:
+    out = SampleOut(
+        tokens=torch.tensor([7, 2**40 + 3]),
+        logprob=torch.tensor([-0.125, -1.0e-7]),
+        capped=torch.tensor([True, False]),
+        count=torch.tensor([2, 1]),
+        cand=torch.tensor([[7, 2**40 + 5, -1], [2**40 + 3, -1, -1]]),
+    )
+    got = SampleOut.unpack(out.packed(2))
+    assert got == [
+        SampledToken(7, -0.125, [7, 2**40 + 5], True),
+        SampledToken(2**40 + 3, float(torch.tensor(-1.0e-7)), [2**40 + 3], False),
+    ]
+    assert all(type(i) is int for tok in got for i in tok.candidates)
+    assert all(type(tok.capped) is bool for tok in got)
