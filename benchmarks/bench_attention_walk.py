@@ -7,6 +7,8 @@ Usage (GPU machine, repository root):
     python benchmarks/bench_attention_walk.py --stages 4       # deeper load pipelining
     python benchmarks/bench_attention_walk.py --split-sweep --contexts 4096,131072
     python benchmarks/bench_attention_walk.py --backward --dkv-maxnreg 0,168,200  # trainer
+    python benchmarks/bench_attention_walk.py --split-sweep --head-dims 64 --batches 64,256 \
+        --contexts 4096,131072 --one-warp-maxnreg 0,168    # the one-warp part walk's cap
 
 Times are the attention kernels' own GPU time per call (`bench_attention.kernel_ms`: the
 profiler; event timing of an eager decode-sized call measures the host). Shapes: 16 query
@@ -40,7 +42,7 @@ from rlsys.kernels.attention_plan import (  # noqa: E402
     contiguous_table,
     plan_tiles,
 )
-from rlsys.kernels.triton_ops import attention_bwd, attention_fwd  # noqa: E402
+from rlsys.kernels.triton_ops import attention_bwd, attention_fwd, attention_split  # noqa: E402
 from rlsys.kernels.triton_ops.attention_bwd import attention_backward  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import attention_forward  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
@@ -227,6 +229,11 @@ def main() -> None:
     )
     parser.add_argument("--maxnreg", type=int, default=0, help="cap registers at every dim")
     parser.add_argument(
+        "--one-warp-maxnreg", default="",
+        help="--split-sweep once per register cap of the one-warp part walk (0: the whole "
+        "tile's cap); the same bits",
+    )  # fmt: skip
+    parser.add_argument(
         "--stages", type=int, default=0,
         help="software-pipeline stages of the forward (a launch option: the same bits)",
     )  # fmt: skip
@@ -246,9 +253,17 @@ def main() -> None:
     if args.backward:
         backward_table(dims, [int(x) for x in args.dkv_maxnreg.split(",")], args.length)
     elif args.split_sweep:
-        for d in dims:
-            for ctx in (int(x) for x in args.contexts.split(",")):
-                split_table(d, ctx, [int(b) for b in args.batches.split(",")])
+        caps = [int(x) for x in args.one_warp_maxnreg.split(",")] if args.one_warp_maxnreg else []
+        for cap in caps or [0]:
+            attention_split.ONE_WARP_LAUNCH.clear()
+            if cap:
+                attention_split.ONE_WARP_LAUNCH["maxnreg"] = cap
+            if caps:
+                launch = attention_split.one_warp_launch(64)
+                print(f"\none-warp part walk's launch at head dim 64: {launch}")
+            for d in dims:
+                for ctx in (int(x) for x in args.contexts.split(",")):
+                    split_table(d, ctx, [int(b) for b in args.batches.split(",")])
     else:
         walk_table(dims)
 

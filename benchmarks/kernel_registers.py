@@ -26,6 +26,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     chunk_constants,
     forward_launch,
 )
+from rlsys.kernels.triton_ops.attention_split import one_warp_launch  # noqa: E402
 from rlsys.kernels.triton_ops.offline import KernelResources, compile_resources  # noqa: E402
 from rlsys.model.kv_layout import geometry as kernel_geometry  # noqa: E402
 
@@ -87,7 +88,7 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
          forward_launch(d)),
         ("split part", f"{MODULE}.attention_split:_attn_fwd_part",
          {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": one_warp_slots},
-         {**forward_launch(d), "num_warps": 1}),
+         one_warp_launch(d)),
         # ... and with fewer than ONE_WARP_MIN_PROGRAMS part programs: the whole tile
         ("split part, whole tile", f"{MODULE}.attention_split:_attn_fwd_part",
          {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": 0},

@@ -231,6 +231,21 @@ def _attn_merge(
     )  # fmt: skip
 
 
+# What the one-warp part walk's launch sets over the whole tile's (`forward_launch`), e.g. a
+# register cap: registers and stages change no bits (the warp count does, and is fixed at
+# one). Empty: the whole tile's cap (128 at head dims up to 64). Offline sm_90 compile at
+# head dim 64, spilled bytes Sparse GQA / SWA: cap 128 32 / 72, 168 32 / 88, 200 0 / 80,
+# none 0 / 0 (218 / 255 registers: 9-8 one-warp programs per SM against 16 at 128). A
+# sweep's knob (`bench_attention_walk.py --one-warp-maxnreg`) until the H200 says which
+# is faster for this issue-bound walk.
+ONE_WARP_LAUNCH: dict[str, int] = {}
+
+
+def one_warp_launch(head_dim: int) -> dict[str, int]:
+    """The launch options of the part walk over one warp's rows (`one_query_slots`)."""
+    return {**forward_launch(head_dim), "num_warps": 1, **ONE_WARP_LAUNCH}
+
+
 def split_attention_forward(
     q: Tensor, k_pool: Tensor, v_pool: Tensor, out: Tensor, lse: Tensor, tiles: QueryTiles,
     kv: PagedKV, *, scale: float, step: int, window: int, sparse: bool,
@@ -249,7 +264,7 @@ def split_attention_forward(
     grid = (tiles.n_tiles, hkv, n_chunks)
     one_row = max(tiles.host_rows, default=0) == 1  # every tile holds one query
     sub = one_query_slots(tiles, g, common["num_warps"], grid[0] * grid[1] * grid[2])
-    part_launch = {**common, "num_warps": 1} if sub else common  # one warp's share
+    part_launch = {**common, **one_warp_launch(d)} if sub else common  # one warp's share
     _attn_fwd_part[grid](
         q, k_pool, v_pool, pm, pl, pacc,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
