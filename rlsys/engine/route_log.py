@@ -12,8 +12,9 @@ collector tracks is walked again by each full collection, inside an engine step.
 appends one small part per decode step, so it folds its newest `FOLD` parts into one
 whenever that many have piled up at one level (`_push`): a sequence of n rows holds
 O(FOLD log n) parts, each row copied once per level. A log's first fold may come early
-(`phase`), so that sequences decoding side by side fold in different steps. A result's per-token routes are one
-compact block (`TokenRoutes`), each token's entry cut from it on demand, by the consumer.
+(`phase`), so that sequences decoding side by side fold in different steps. A result's
+per-token routes are one compact block (`TokenRoutes`), each token's entry cut from it on
+demand, by the consumer.
 """
 
 from __future__ import annotations

@@ -127,13 +127,16 @@ class SampleOut:
 
 def draw_uniforms(rows: list[RowParams]) -> list[float]:
     """One uniform per row from the row's own generator (one per sampled token)."""
-    return [float(torch.rand((), generator=r.rng, dtype=torch.float64)) for r in rows]  # type: ignore[arg-type]
+    out = torch.empty(len(rows), dtype=torch.float64)
+    draw_uniforms_into(list(out.split(1)), rows)
+    return out.tolist()
 
 
 def draw_uniforms_into(out: list[Tensor], rows: list[RowParams]) -> None:
     """`draw_uniforms` written in place: `out[i]`, a one-element fp64 CPU tensor, gets row
-    i's draw (the same value and generator state: `torch.rand` is `uniform_` on a new
-    tensor); without a tensor made per row. `out` may have more entries than rows."""
+    i's draw, so a graph's pinned buffer takes it without a tensor made per row (the one
+    place a draw is made: eager and graph steps draw alike). `out` may have more entries
+    than rows."""
     for view, r in zip(out, rows, strict=False):
         view.uniform_(generator=r.rng)
 
