@@ -370,16 +370,24 @@ def measure(  # noqa: PLR0913
         host = cProfile.Profile() if args.host_profile else None
         try:
             r = run(model, batch, prompt, runner, ecfg, args.gen, args.count and graphs, host)
+            if captured is not None:
+                capture = f"{len(captured.graphs)} ({captured.capture_s:.1f})"
+            else:
+                capture = "-"
         finally:
             runner.close()
-            del runner
+            del runner, captured
+            # a frozen runner held in reference cycles is never collected: the next row's
+            # pools would not fit (a 32K row after another OOMed) without the unfreeze
+            if args.gc_freeze:
+                gc.unfreeze()
+            gc.collect()
             torch.cuda.empty_cache()
     if host is not None:
         print(f"host profile, batch {batch}, context {prompt}, graphs {graphs}:", file=sys.stderr)
         stats = pstats.Stats(host, stream=sys.stderr)
         stats.sort_stats("tottime").print_stats(args.host_profile)
         stats.sort_stats("cumulative").print_stats(args.host_profile)
-    capture = f"{len(captured.graphs)} ({captured.capture_s:.1f})" if captured is not None else "-"
     host = f"{1 - r['device_ms'] / r['median_ms']:.0%}" if r["device_ms"] else "-"
     device = f"{r['device_ms']:.2f}" if r["device_ms"] else "-"
     gap = f"{r['gap_ms']:.2f}" if r["device_ms"] else "-"

