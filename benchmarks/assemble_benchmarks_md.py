@@ -53,6 +53,7 @@ ORDER = [
     "kernel_instructions",
     "gpu_decode_one_warp",
     "engine_host_step",
+    "gpu_host_off_path",
     "job_ends",
     "ci_time",
 ]
