@@ -53,7 +53,13 @@ from rlsys.engine.prefix_cache import PrefixCache, PrefixEntry
 from rlsys.engine.route_journal import RouteJournal
 from rlsys.engine.route_log import RouteLog, token_routes
 from rlsys.engine.runner import DraftingRunner, LaunchedStep, ModelRunner
-from rlsys.engine.sampler import RowParams, SampledToken, request_seed, sample_batch
+from rlsys.engine.sampler import (
+    RowParams,
+    SampledToken,
+    UniformStream,
+    request_seed,
+    sample_batch,
+)
 from rlsys.engine.sequence import Sequence
 from rlsys.engine.validation import request_error
 from rlsys.kernels.host_to_device import moved_without_sync
@@ -143,10 +149,9 @@ class EngineCore:
         self.waiting.append(
             Sequence(
                 request,
-                rng,
                 [self.tokenizer.encode(text) for text in request.stop_strings],
                 RouteLog(self.model_cfg.n_experts, self.cfg.route_gates, self._fold_phase),
-                RowParams(request.sampling, self.cfg.candidate_cap, rng),
+                RowParams(request.sampling, self.cfg.candidate_cap, stream=UniformStream(rng)),
             )
         )
         self._fold_phase = (self._fold_phase + 1) % RouteLog.FOLD

@@ -46,7 +46,7 @@ from rlsys.engine.sampler import (
     RowTensors,
     SampledToken,
     SampleOut,
-    draw_uniforms_into,
+    draw_uniforms,
     sample_rows,
 )
 from rlsys.kernels.host_to_device import CopyFence
@@ -64,15 +64,14 @@ class SamplingBuffers:
 
     Per step only the draws change while the batch's rows stay the same sequences, so the
     parameter rows are rewritten only when the rows (`RowParams`, one object per sequence
-    for its life) differ from the last fill's; each row's uniform is drawn straight into
-    its column of the host buffer (`draw_uniforms_into`)."""
+    for its life) differ from the last fill's; the rows' uniforms (`draw_uniforms`) are
+    written into the host buffer in one op."""
 
     def __init__(self, batch: int, device: torch.device) -> None:
         pin = device.type == "cuda"
         self.host = torch.zeros(5, batch, dtype=torch.float64, pin_memory=pin)
         self.dev = torch.zeros(5, batch, dtype=torch.float64, device=device)
         self._copied = CopyFence(pin)  # the host buffer is rewritten once the device read it
-        self._draws = list(self.host[4].split(1))  # one view per row, drawn into in place
         self._rows: list[RowParams] | None = None  # whose parameters the buffer holds
         self.fill([])
 
@@ -91,7 +90,8 @@ class SamplingBuffers:
                     dtype=torch.float64,
                 ).T
             self._rows = list(rows)
-        draw_uniforms_into(self._draws, rows)
+        if n:
+            h[4, :n] = torch.tensor(draw_uniforms(rows), dtype=torch.float64)
         self.dev.copy_(h, non_blocking=True)
         self._copied.mark()
 

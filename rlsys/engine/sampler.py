@@ -14,7 +14,10 @@ full-sequence forward reproduces the value bitwise at staleness 0: same logits (
 invariance), same elementwise division, same function.
 
 Determinism: a request's draws come from its own `torch.Generator`, one uniform per token,
-so a seeded request yields the same tokens whatever it was batched with.
+so a seeded request yields the same tokens whatever it was batched with. A long-lived row
+(an engine sequence's) draws them `UniformStream.BLOCK` at a time: a CPU generator fills
+a tensor serially, so the n-th value is the n-th one-element draw's (tested); the stream
+owns its generator, which nothing else draws from.
 
 Batched: `sample_batch` samples every ready sequence of an engine step at once (rows are
 independent: per-row sorts, scans and the row-invariant log-softmax) and copies tokens,
@@ -69,13 +72,42 @@ def request_seed(seed: int | None, engine_seed: int, request_id: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+class UniformStream:
+    """One row's uniforms from its own generator, drawn `BLOCK` at a time (one host op per
+    block, not one per token; see module doc). The stream owns the generator: a draw made
+    from the generator beside it would change the values that follow."""
+
+    BLOCK = 64
+
+    def __init__(self, rng: torch.Generator) -> None:
+        self._rng = rng
+        self._block: list[float] = []
+        self._next = 0
+
+    def next(self) -> float:
+        if self._next == len(self._block):
+            block = torch.empty(self.BLOCK, dtype=torch.float64)
+            self._block, self._next = block.uniform_(generator=self._rng).tolist(), 0
+        u = self._block[self._next]
+        self._next += 1
+        return u
+
+
 @dataclass(frozen=True)
 class RowParams:
-    """What one row's draw needs: its sampling parameters, candidate cap and generator."""
+    """What one row's draw needs: its sampling parameters, candidate cap and uniforms: from
+    `stream` (a long-lived row), else one draw from `rng` per token (None: the global
+    generator)."""
 
     params: SamplingConfig
     cap: int
     rng: torch.Generator | None = None
+    stream: UniformStream | None = None
+
+    def next_uniform(self) -> float:
+        if self.stream is not None:
+            return self.stream.next()
+        return torch.empty(1, dtype=torch.float64).uniform_(generator=self.rng).item()
 
 
 @dataclass(frozen=True)
@@ -129,19 +161,9 @@ class SampleOut:
 
 
 def draw_uniforms(rows: list[RowParams]) -> list[float]:
-    """One uniform per row from the row's own generator (one per sampled token)."""
-    out = torch.empty(len(rows), dtype=torch.float64)
-    draw_uniforms_into(list(out.split(1)), rows)
-    return out.tolist()
-
-
-def draw_uniforms_into(out: list[Tensor], rows: list[RowParams]) -> None:
-    """`draw_uniforms` written in place: `out[i]`, a one-element fp64 CPU tensor, gets row
-    i's draw, so a graph's pinned buffer takes it without a tensor made per row (the one
-    place a draw is made: eager and graph steps draw alike). `out` may have more entries
-    than rows."""
-    for view, r in zip(out, rows, strict=False):
-        view.uniform_(generator=r.rng)
+    """One uniform per row from the row's own generator (one per sampled token): the one
+    place a draw is made, so eager and graph steps draw alike."""
+    return [r.next_uniform() for r in rows]
 
 
 def row_tensors(rows: list[RowParams], u: list[float], device: torch.device) -> RowTensors:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
@@ -26,11 +25,11 @@ from rlsys.engine.sampler import RowParams, SampledToken
 @dataclass
 class Sequence:
     request: GenerationRequest
-    rng: torch.Generator
     stop_sequences: list[list[int]]
     routes: RouteLog
-    # what each of its draws needs (parameters, the engine's candidate cap, `rng`): fixed
-    # for the sequence's life, so built once, not per sequence per decode step
+    # what each of its draws needs (parameters, the engine's candidate cap, its uniforms'
+    # stream, which owns the request's generator): fixed for the sequence's life, so built
+    # once, not per sequence per decode step
     sample_row: RowParams
     tokens: list[int] = field(default_factory=list)
     cache_key: int | None = None

@@ -11,7 +11,9 @@ from rlsys.engine.sampler import (
     RowParams,
     SampledToken,
     SampleOut,
+    UniformStream,
     candidate_set,
+    draw_uniforms,
     sample,
     sample_batch,
     sample_rows,
@@ -101,3 +103,16 @@ def test_unpack_gives_the_exact_ids_log_probs_and_flags() -> None:
     ]
     assert all(type(i) is int for tok in got for i in tok.candidates)
     assert all(type(tok.capped) is bool for tok in got)
+
+
+def test_a_uniform_stream_gives_the_one_element_draws_across_blocks() -> None:
+    """A long-lived row's uniforms, drawn a block at a time, are the values one-element
+    draws from the same seed give, across block boundaries: a seeded request's tokens do
+    not depend on the block."""
+    stream = UniformStream(torch.Generator().manual_seed(11))
+    row = RowParams(SamplingConfig(), 8, stream=stream)
+    twin = RowParams(SamplingConfig(), 8, torch.Generator().manual_seed(11))
+    n = 2 * UniformStream.BLOCK + 5
+    got = [x for _ in range(n) for x in draw_uniforms([row])]
+    want = [x for _ in range(n) for x in draw_uniforms([twin])]
+    assert got == want and len(set(got)) == n
