@@ -303,7 +303,8 @@ class EngineCore:
         return self._read_step(prev)
 
     def _launch_ahead(self, prev: _InFlight) -> _InFlight | None:
-        live = [s for _, s in prev.live()]
+        rows = prev.live()
+        live = [s for _, s in rows]
         if len(live) != len(self.running) or (
             self.waiting and len(self.running) < self.cfg.max_running
         ):
@@ -321,8 +322,8 @@ class EngineCore:
         assert tokens is not None
         if len(live) < len(prev.batch):
             # without a sync: a pageable copy would wait for the step in flight
-            rows = torch.tensor([i for i, _ in prev.live()])
-            tokens = tokens[moved_without_sync(rows, tokens.device)]
+            kept = torch.tensor([i for i, _ in rows])
+            tokens = tokens[moved_without_sync(kept, tokens.device)]
         sampling = [s.sample_row for s in live]
         launch = self.runner.launch  # type: ignore[attr-defined]
         launched = launch([s.cache_key for s in live], [[0]] * len(live), sampling, tokens)
@@ -414,8 +415,8 @@ class EngineCore:
         """Write the deferred records; `settle`: also hand the journal's routes to the
         sequences' logs (anything that reads or rebuilds a log settles first; the per-step
         flushes that overlap the GPU leave the journal open)."""
-        self._write_records(self._records)
-        self._records = []
+        emitted, self._records = self._records, []
+        self._write_records(emitted)
         records, self._deferred = self._deferred, []
         for record in records:
             record()
