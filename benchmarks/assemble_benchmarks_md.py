@@ -54,6 +54,7 @@ ORDER = [
     "gpu_decode_one_warp",
     "engine_host_step",
     "gpu_host_off_path",
+    "gpu_decode_moe",
     "job_ends",
     "ci_time",
 ]

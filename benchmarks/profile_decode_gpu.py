@@ -13,7 +13,9 @@ minus the GPU time of its kernels, over the step's wall time).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -90,7 +92,33 @@ def main() -> None:
         f"step wall {1000 * wall_s / args.steps:.2f} ms (under the profiler), host share "
         f"{max(0.0, 1 - gpu_us / 1e6 / wall_s):.0%} (wall minus kernel time, over wall)"
     )
+    kernels_by_grid(prof, args.steps)
     forward_kernels(core, cfg.n_layers)
+
+
+def kernels_by_grid(prof: profile, steps: int) -> None:
+    """The profiled steps' kernels by (name, grid): one kernel name covers several products
+    (the Triton linear runs every tree product), and its grid tells them apart; CUPTI
+    reports the kernels a replayed CUDA graph runs with their grids too."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    count: Counter[tuple[str, str]] = Counter()
+    us: Counter[tuple[str, str]] = Counter()
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") != "kernel":
+            continue
+        key = (ev["name"][:48], "x".join(str(v) for v in ev.get("args", {}).get("grid", [])))
+        count[key] += 1
+        us[key] += float(ev.get("dur", 0.0))
+    print("\nkernels of a graph-replayed step by grid (per step)")
+    print("| launches | GPU us | us per launch | grid | kernel |\n|---:|---:|---:|---|---|")
+    for key, total in us.most_common(30):
+        print(
+            f"| {count[key] / steps:.0f} | {total / steps:.0f} | {total / count[key]:.1f} "
+            f"| {key[1]} | `{key[0]}` |"
+        )
 
 
 def forward_kernels(core: EngineCore, n_layers: int) -> None:
@@ -103,7 +131,11 @@ def forward_kernels(core: EngineCore, n_layers: int) -> None:
     batch = next(b for b in graphs.ladder if b >= len(caches))
     bucket = next(b for b in graphs.buckets if max(c.length for c in caches) < b)
     layout = StaticDecodeLayout(graphs.model.cfg, graphs.pool, batch, bucket - 1, graphs.scratch)
-    layout.fill([1] * len(caches), caches)  # the next token's slots: rewritten by the next step
+    # the next token's slots (rewritten by the next step); distinct tokens, so the MoE
+    # layers route the rows as a real batch does (one token for every row sent them all to
+    # the same k experts, and the grouped products read k experts' weights instead of all)
+    tokens = torch.randint(32, 127, (len(caches),), generator=torch.Generator().manual_seed(1))
+    layout.fill(tokens.tolist(), caches)
     model = graphs.model
     with torch.inference_mode():
         model.forward_decode(layout.tokens, layout.positions, layout.kv, RoutingRecorder())

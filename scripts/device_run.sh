@@ -53,7 +53,8 @@ for step in "$@"; do
         tests/kernels/test_reference_cuda.py tests/kernels/test_linear_schedules.py \
         tests/engine/test_decode_graphs.py tests/trainer/test_fsdp_cuda.py \
         tests/kernels/test_linear_invariance.py tests/kernels/test_host_to_device.py \
-        tests/kernels/test_indexer_search.py tests/kernels/test_invert_steps.py 2>&1 \
+        tests/kernels/test_indexer_search.py tests/kernels/test_invert_steps.py \
+        tests/kernels/test_grouped_decode.py 2>&1 \
         | tee "$OUT/tests.log" | tail -40 ;;
     dense)
       timeout "${DENSE_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \

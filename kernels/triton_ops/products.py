@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlsys.kernels.dispatch import WORKSPACE_ENV
+from rlsys.kernels.triton_ops import grouped_decode as gd
 from rlsys.kernels.triton_ops import linear as lin
 from rlsys.kernels.triton_ops.swiglu import silu_mul
 
@@ -129,6 +130,61 @@ def _holds(kind: str, shape: tuple[int, ...], dtype: torch.dtype, dev: torch.dev
     return _checked[key]
 
 
+# rows per expert in the decode kernels' checks: none, one, one MMA's worth, one past it, more
+_PATTERN = (0, 1, gd.BR, gd.BR + 1, 3, 2 * gd.BR + 5)
+
+
+def _decode_swiglu_holds(w13: Tensor) -> bool:
+    """Whether the decode kernel (`grouped_decode.grouped_swiglu_rows`) gives the grouped
+    GEMM + `silu_mul`'s bits for experts of this shape on this GPU: checked once per
+    process on random rows (experts with 0, 1, 16, 17 and more rows); inside a CUDA-graph
+    capture an unchecked shape keeps the grouped GEMM (no check can run there; the engine's
+    graphs run an eager warm-up forward first, which checks)."""
+    key = ("decode_swiglu", tuple(w13.shape), w13.dtype, w13.device)
+    if key in _checked:
+        return _checked[key]
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    ok = w13.device.type == "cuda" and gd.fits(w13)
+    if ok:
+        e, h2, k = w13.shape
+        gen = torch.Generator(device=w13.device).manual_seed(2)
+        w = (torch.randn(w13.shape, device=w13.device, generator=gen) * 0.05).to(w13.dtype)
+        counts = torch.tensor([_PATTERN[i % len(_PATTERN)] for i in range(e)], device=w13.device)
+        offsets = torch.cumsum(counts, 0).to(torch.int32)
+        x = torch.randn(int(counts.sum()), k, device=w13.device, generator=gen).to(w13.dtype)
+        with torch.no_grad():
+            want = cublas_grouped_swiglu(x, w[:, : h2 // 2], w[:, h2 // 2 :], offsets, w)
+            ok = torch.equal(gd.grouped_swiglu_rows(x, w, offsets), want)
+    _checked[key] = ok
+    return ok
+
+
+def decode_tree_holds(w2: Tensor, n_chunks: int) -> bool:
+    """Whether the decode kernel (`grouped_decode.grouped_tree_rows`) gives the grouped tree
+    kernel's bits for experts of this shape on this GPU. It runs the same `_tree` with the
+    operands' roles swapped (the MMA computes the transposed tile), so this holds when the
+    MMA's sums do not depend on which operand is which; checked once per process like
+    `_decode_swiglu_holds` (under the interpreter both are exact, so it holds there)."""
+    key = ("decode_tree", tuple(w2.shape), w2.dtype, w2.device, n_chunks)
+    if key in _checked:
+        return _checked[key]
+    if w2.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    e, n, k = w2.shape
+    gen = torch.Generator(device=w2.device).manual_seed(3)
+    w = (torch.randn(w2.shape, device=w2.device, generator=gen) * 0.05).to(w2.dtype)
+    counts = torch.tensor([_PATTERN[i % len(_PATTERN)] for i in range(e)], device=w2.device)
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    h = torch.randn(int(counts.sum()), k, device=w2.device, generator=gen).to(w2.dtype)
+    tiles = lin.expert_tiles(counts, -(-h.shape[0] // lin.BM) + e)
+    with torch.no_grad():
+        want = lin.grouped_tree_fwd(h, w, tiles, n_chunks)
+        ok = torch.equal(gd.grouped_tree_rows(h, w, offsets, n_chunks), want)
+    _checked[key] = ok
+    return ok
+
+
 def _column_probe(w: Tensor) -> Callable[[Tensor], Tensor]:
     return lambda x: cublas_column(x, w)
 
@@ -207,6 +263,8 @@ class InvariantProducts(TritonProducts):
         w13: Tensor | None = None,
     ) -> Tensor:
         if self.stacks_experts(w1):
+            if w13 is not None and gd.decode_sized(x.shape[0]) and _decode_swiglu_holds(w13):
+                return gd.grouped_swiglu_rows(x, w13, offsets)
             return cublas_grouped_swiglu(x, w1, w3, offsets, w13)
         return super().grouped_swiglu(x, w1, w3, offsets, tiles)
 

@@ -165,10 +165,11 @@ class MoE(nn.Module):
         training, the router's and the down projections' chunk products summed by the
         kernels that read them where the dispatcher runs them on the Triton kernels
         (`triton_ops.partials`); bitwise the unfused path's values."""
+        from rlsys.kernels.triton_ops import grouped_decode as gd
         from rlsys.kernels.triton_ops import moe_route as mr
         from rlsys.kernels.triton_ops.linear import BM, column_chunks
         from rlsys.kernels.triton_ops.partials import partial_products, triton_computes
-        from rlsys.kernels.triton_ops.products import products
+        from rlsys.kernels.triton_ops.products import decode_tree_holds, products
 
         cfg, k = self.cfg, self.cfg.experts_per_token
         partials = fused.partials_ok(x)
@@ -186,7 +187,10 @@ class MoE(nn.Module):
         hidden = products().grouped_swiglu(xs, self.w1, self.w3, offsets, tiles, w13)
         chunks = self.row_parallel.chunks
         if partials and triton_computes("grouped_tree", self.w2):
-            ys = partial_products(hidden, self.w2, chunks, tiles)
+            if gd.decode_sized(hidden.shape[0]) and decode_tree_holds(self.w2, chunks):
+                ys = gd.grouped_tree_rows(hidden, self.w2, offsets, chunks)
+            else:
+                ys = partial_products(hidden, self.w2, chunks, tiles)
         else:
             ys = products().grouped_tree(hidden, self.w2, offsets, tiles, chunks)
         shared = None

@@ -1,0 +1,89 @@
+"""The decode-sized routed-expert kernels give the bits of the products they stand in for.
+
+`grouped_tree_rows` (the down projection) must equal the grouped tree kernel
+(`linear.grouped_tree_fwd`) bitwise: same chunk products, same tree, computed transposed.
+`grouped_swiglu_rows` (w1 and w3 with SwiGLU fused) must equal the grouped GEMM followed by
+`silu_mul` bitwise on the GPU, at every preset's expert shape; under the interpreter (CI) it
+is checked against the plain formula, since there the grouped GEMM does not exist. Row
+counts cover an expert with no rows, one row, and more rows than one MMA's 16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from rlsys.config.model import preset  # noqa: E402
+from rlsys.kernels.triton_ops.grouped_decode import (  # noqa: E402
+    BR,
+    grouped_swiglu_rows,
+    grouped_tree_rows,
+)
+from rlsys.kernels.triton_ops.linear import expert_tiles, grouped_tree_fwd  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+DTYPE = torch.bfloat16 if CUDA else torch.float32
+# (E, H, K): every preset's routed-expert shape on the GPU; a small one in the interpreter
+SHAPES = (
+    sorted({(c.n_experts, c.expert_hidden, c.d_model) for c in map(preset, ("small", "medium", "large", "deep-92"))})
+    if CUDA
+    else [(4, 64, 128)]
+)  # fmt: skip
+
+
+def _counts(n_experts: int) -> torch.Tensor:
+    base = [0, 1, BR, BR + 1, 3, 2 * BR + 5]
+    return torch.tensor([base[i % len(base)] for i in range(n_experts)])
+
+
+def _rand(*shape: int) -> torch.Tensor:
+    return (torch.randn(*shape) * 0.05).to(DTYPE).to(DEV)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_tree_is_the_grouped_tree_bitwise(shape: tuple[int, int, int]) -> None:
+    n_exp, h, d = shape
+    counts = _counts(n_exp)
+    rows = int(counts.sum())
+    hid, w2 = _rand(rows, h), _rand(n_exp, d, h)
+    offsets = torch.cumsum(counts, 0).to(torch.int32).to(DEV)
+    tiles = expert_tiles(counts.to(DEV), -(-rows // 64) + n_exp)
+    for chunks in (1, 8):
+        got = grouped_tree_rows(hid, w2, offsets, chunks)
+        assert torch.equal(got, grouped_tree_fwd(hid, w2, tiles, chunks)), chunks
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_swiglu_is_the_grouped_gemm_bitwise(shape: tuple[int, int, int]) -> None:
+    n_exp, h, d = shape
+    counts = _counts(n_exp)
+    x, w13 = _rand(int(counts.sum()), d), _rand(n_exp, 2 * h, d)
+    offsets = torch.cumsum(counts, 0).to(torch.int32).to(DEV)
+    got = grouped_swiglu_rows(x, w13, offsets)
+    if CUDA:
+        from rlsys.kernels.triton_ops.products import cublas_grouped_swiglu
+
+        want = cublas_grouped_swiglu(x, w13[:, :h], w13[:, h:], offsets, w13)
+        assert torch.equal(got, want)
+        return
+    first = torch.cumsum(counts, 0) - counts
+    for e in range(n_exp):
+        rows = slice(int(first[e]), int(first[e] + counts[e]))
+        a = x[rows] @ w13[e].T
+        want = torch.nn.functional.silu(a[:, :h]) * a[:, h:]
+        torch.testing.assert_close(got[rows], want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_dispatcher_takes_the_decode_kernels_where_they_hold() -> None:
+    """The engine's MoE takes the decode kernels only through these checks: they must pass
+    where the kernels give the products' bits (here, the interpreter or the GPU), so the
+    decode path is the one the engine runs."""
+    from rlsys.kernels.triton_ops import products as pr
+
+    n_exp, h, d = SHAPES[0]
+    assert pr.decode_tree_holds(_rand(n_exp, d, h), 8)
+    if CUDA:
+        assert pr._decode_swiglu_holds(_rand(n_exp, 2 * h, d))
