@@ -19,6 +19,8 @@
 #             batch invariance at every preset shape) only
 #   fused     the fused inference kernels' and decode graphs' tests only (bitwise the unfused ops)
 #   count     benchmarks/count_decode_kernels.py (launches per block of a decode step; COUNT_ARGS)
+#   moe       the routed experts' decode kernels: their bitwise tests, then
+#             benchmarks/bench_moe_decode.py (against the grouped GEMM and the Triton tree; MOE_ARGS)
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
 #             wheels of pydantic, SQLAlchemy, alembic, jsonschema, ...; JOB_ARGS adds --set's)
 set -u
@@ -68,6 +70,11 @@ for step in "$@"; do
     count)
       timeout "${COUNT_TIMEOUT:-120}" python3 benchmarks/count_decode_kernels.py ${COUNT_ARGS:-} 2>&1 \
         | tee -a "$OUT/count.log" ;;
+    moe)
+      timeout "${MOE_TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_grouped_decode.py 2>&1 | tee "$OUT/moe-tests.log" | tail -15
+      timeout "${MOE_TIMEOUT:-240}" python3 benchmarks/bench_moe_decode.py ${MOE_ARGS:-} 2>&1 \
+        | grep -v Warn | tee "$OUT/moe.log" ;;
     sched)
       timeout "${SCHED_TIMEOUT:-150}" python3 benchmarks/bench_linear_schedules.py ${SCHED_ARGS:-} \
         2>&1 | tee "$OUT/sched.log" ;;

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from rlsys.kernels.triton_ops import linear as lin
 from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting
+from rlsys.kernels.triton_ops.linear import _tree
 
 BN = 64  # weight rows (output columns) per program
 BK = 64  # K step
@@ -102,7 +103,7 @@ def _grouped_tree_rows(
     rr = tl.arange(0, BR)
     for r0 in range(start, end, BR):
         r_mask = r0 + rr < end
-        acc = lin._tree(w_tile, Hs + r0 * sh, rn, rr, n_mask, r_mask, K,
+        acc = _tree(w_tile, Hs + r0 * sh, rn, rr, n_mask, r_mask, K,
                         sw_n, 1, sh, 1, NCH, BN, BR, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
         out = Y + (r0 + rr).to(tl.int64)[None, :] * sy + (n0 + rn)[:, None]
         tl.store(out, acc, mask=n_mask[:, None] & r_mask[None, :])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import array
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from rlsys.config.model import ModelConfig
@@ -81,20 +82,29 @@ class StaticDecodeLayout:
             blocks_by_row=True,
         )
         self.kv = TritonKV(geo, tiles, paged=layout)
-        # The page tables on the host, kept between steps: a row is rewritten only when its
-        # sequence or that sequence's pages changed since the last fill (`_holds`), so a
-        # step costs O(batch) compares, not O(batch x pages) list copies.
-        self._sparse_tab = torch.full((batch, self.pages), self.scratch_sparse, dtype=torch.int64)
-        self._swa_tab = torch.full((batch, self.pages), self.scratch_swa, dtype=torch.int64)
+        # The page tables on the host, kept between steps in the pinned int32 buffer itself,
+        # already scaled to the rows the kernels read (sparse page x P, sparse page x P / K,
+        # SWA page x P): a row is rewritten only when its sequence or that sequence's pages
+        # changed since the last fill (`_holds`), so a step costs O(batch) compares and
+        # O(batch) array ops, not O(batch x pages) copies. numpy views of the pinned buffers:
+        # a step's dozen small array ops cost ~1 us each, torch's ~10.
+        self._h64 = self._host64.numpy()
+        self._h32 = self._host32.numpy()
+        self._tabs = self._h32[4 * batch :].reshape(3, batch, self.pages)
+        self._tabs[0] = self.scratch_sparse * p
+        self._tabs[1] = self.scratch_sparse * (p // k)
+        self._tabs[2] = self.scratch_swa * p
+        self._rows = np.arange(batch)
+        self._in_block = np.arange(k)
         self._held: list[_PagesHeld | None] = [None] * batch  # None: padding
 
     def _write_rows(self, rows: list[int], caches: list[PagedSeqCache | None]) -> None:
         """Rewrite host table rows `rows` from `caches` (None: a padding row), in one
-        indexed copy per table: the rows of a batch that started together change in the
-        same step (a page boundary), and a copy per row cost ~10x as much."""
-        mp = self.pages
+        indexed assignment per table: the rows of a batch that started together change in
+        the same step (a page boundary). Call with the pinned buffers free (`_copied`)."""
+        mp, p, k = self.pages, self.pool.page_size, self.cfg.sparse_block
         sp_pad, sw_pad = [self.scratch_sparse] * mp, [self.scratch_swa] * mp
-        # flat int64 arrays: a C loop per row (a nested list's torch.tensor is ~2x slower)
+        # flat int64 arrays: a C loop per row (a nested list's conversion is ~2x slower)
         sparse_flat, swa_flat = array.array("q"), array.array("q")
         for i, cache in zip(rows, caches, strict=True):
             if cache is None:
@@ -112,61 +122,105 @@ class StaticDecodeLayout:
                 cache.sparse_pages, len(cache.sparse_pages), cache.swa_pages,
                 len(cache.swa_pages), cache.swa_released,
             )  # fmt: skip
-        index = torch.tensor(rows, dtype=torch.int64)
-        self._sparse_tab[index] = torch.frombuffer(sparse_flat, dtype=torch.int64).view(-1, mp)
-        self._swa_tab[index] = torch.frombuffer(swa_flat, dtype=torch.int64).view(-1, mp)
+        index = np.asarray(rows)
+        sparse = np.frombuffer(sparse_flat, dtype=np.int64).reshape(-1, mp)
+        self._tabs[0][index] = sparse * p
+        self._tabs[1][index] = sparse * (p // k)
+        self._tabs[2][index] = np.frombuffer(swa_flat, dtype=np.int64).reshape(-1, mp) * p
+
+    def _update_rows(self, rows: list[int], caches: list[PagedSeqCache | None]) -> None:
+        """Bring stale rows up to date: a row that still holds its sequence's page lists
+        (the same list objects: they only grew, and released SWA pages below
+        `swa_released`) gets only the entries that changed, all such rows in one indexed
+        assignment per table; any other row (a new sequence, freed, forked, padding) is
+        rewritten whole (`_write_rows`). A batch that started together crosses a page
+        boundary in the same step: this keeps that step O(batch), not O(batch x pages)."""
+        whole_rows: list[int] = []
+        whole_caches: list[PagedSeqCache | None] = []
+        sp_at: tuple[list[int], list[int], list[int]] = ([], [], [])  # row, column, page
+        sw_at: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for i, cache in zip(rows, caches, strict=True):
+            h = self._held[i]
+            if (
+                cache is None
+                or h is None
+                or h.sparse is not cache.sparse_pages
+                or h.swa is not cache.swa_pages
+            ):
+                whole_rows.append(i)
+                whole_caches.append(cache)
+                continue
+            if self.pool.sparse_k:
+                for j in range(h.n_sparse, len(cache.sparse_pages)):
+                    sp_at[0].append(i)
+                    sp_at[1].append(j)
+                    sp_at[2].append(cache.sparse_pages[j])
+            if self.pool.swa_k:
+                # released below the new mark (None: 0, as `_write_rows` writes), then new
+                for j in (
+                    *range(h.swa_released, cache.swa_released),
+                    *range(h.n_swa, len(cache.swa_pages)),
+                ):
+                    sw_at[0].append(i)
+                    sw_at[1].append(j)
+                    sw_at[2].append(cache.swa_pages[j] or 0)
+            self._held[i] = _PagesHeld(
+                cache.sparse_pages, len(cache.sparse_pages), cache.swa_pages,
+                len(cache.swa_pages), cache.swa_released,
+            )  # fmt: skip
+        if whole_rows:
+            self._write_rows(whole_rows, whole_caches)
+        p, k = self.pool.page_size, self.cfg.sparse_block
+        if sp_at[0]:
+            at, pages = (np.asarray(sp_at[0]), np.asarray(sp_at[1])), np.asarray(sp_at[2])
+            self._tabs[0][at] = pages * p
+            self._tabs[1][at] = pages * (p // k)
+        if sw_at[0]:
+            self._tabs[2][np.asarray(sw_at[0]), np.asarray(sw_at[1])] = np.asarray(sw_at[2]) * p
 
     def fill(self, tokens: list[int], caches: list[PagedSeqCache]) -> None:
         """Reserve pages for each sequence's next token and write the step's addresses."""
         n, bsz = len(tokens), self.batch
         assert n <= bsz and len(caches) == n  # n = 0: padding only (warm-up and capture)
         p, k, geo_t = self.pool.page_size, self.cfg.sparse_block, self.kv.geo.query_tile
-        lengths = []
+        pos = np.zeros(bsz, dtype=np.int64)
         held = self._held
         stale: list[int] = []  # rows whose held pages are not their sequence's now
         for i, cache in enumerate(caches):
             assert cache.length <= self.max_pos, "the sequence outgrew this graph's bucket"
             self.pool.reserve(cache, cache.length + 1)
-            lengths.append(cache.length)
+            pos[i] = cache.length
             if not _holds(held[i], cache):
                 stale.append(i)
         stale += [i for i in range(n, bsz) if held[i] is not None]
+        self._copied.wait()
         if stale:
-            self._write_rows(stale, [caches[i] if i < n else None for i in stale])
-        pad = bsz - n
-        sparse_tab, swa_tab = self._sparse_tab, self._swa_tab
-        pos = torch.tensor(lengths + [0] * pad, dtype=torch.int64)
-        page = pos // p
-        sp_page = sparse_tab.gather(1, page[:, None])[:, 0]
-        sw_page = swa_tab.gather(1, page[:, None])[:, 0]
-        block = pos // k
+            self._update_rows(stale, [caches[i] if i < n else None for i in stale])
+        tabs, rows = self._tabs, self._rows
+        page, in_page = pos // p, pos % p
+        sparse_at = tabs[0][rows, page]  # this position's sparse page x P
         completes = (pos + 1) % k == 0
         completes[n:] = False
-        # the block a completing token closes, else the scratch page's first block
-        blk_page = torch.where(completes, sp_page, self.scratch_sparse)
-        blk = torch.where(completes, block, 0)
-        tok = blk[:, None] * k + torch.arange(k)[None, :]
-        tok_page = torch.where(
-            completes[:, None], sparse_tab.gather(1, tok // p), self.scratch_sparse
-        )
-        self._copied.wait()
-        h64 = self._host64
+        # the block a completing token closes (a block never straddles a page), else the
+        # scratch page's first block
+        block_in_page = np.where(completes, in_page // k, 0)
+        block_page = np.where(completes, tabs[1][rows, page], self.scratch_sparse * (p // k))
+        token_base = np.where(completes, sparse_at, self.scratch_sparse * p) + block_in_page * k
+        h64 = self._h64
         h64[:bsz] = 0
-        h64[:n] = torch.tensor(tokens, dtype=torch.int64)
+        h64[:n] = tokens
         h64[bsz : 2 * bsz] = pos
-        h64[2 * bsz : 3 * bsz] = sp_page * p + pos % p
-        h64[3 * bsz : 4 * bsz] = sw_page * p + pos % p
-        h64[4 * bsz : 5 * bsz] = blk_page * (p // k) + blk % (p // k)
-        h64[5 * bsz :] = (tok_page * p + tok % p).reshape(-1)
-        h32 = self._host32
+        h64[2 * bsz : 3 * bsz] = sparse_at + in_page
+        h64[3 * bsz : 4 * bsz] = tabs[2][rows, page] + in_page
+        h64[4 * bsz : 5 * bsz] = block_page + block_in_page
+        h64[5 * bsz :] = (token_base[:, None] + self._in_block[None, :]).reshape(-1)
+        h32 = self._h32
         h32[:bsz] = pos // geo_t * geo_t
         h32[bsz : 2 * bsz] = pos
         h32[2 * bsz : 3 * bsz] = pos + 1
         h32[3 * bsz : 4 * bsz] = pos
-        tables = torch.stack([sparse_tab * p, sparse_tab * p // k, swa_tab * p])
-        h32[4 * bsz :] = tables.reshape(-1)
-        self._dev64.copy_(h64, non_blocking=True)
-        self._dev32.copy_(h32, non_blocking=True)
+        self._dev64.copy_(self._host64, non_blocking=True)
+        self._dev32.copy_(self._host32, non_blocking=True)
         self._copied.mark()
 
     def advance(self, caches: list[PagedSeqCache]) -> None:
