@@ -1,4 +1,4 @@
-"""A decode step's addresses in buffers of fixed shape, for CUDA-graph replay (torch only).
+"""A decode step's addresses in buffers of fixed shape, for CUDA-graph replay (torch, numpy).
 
 `paged_kv` (rlsys.model.kv_layout) lays out each step's addresses in tensors sized by that
 step: fine eagerly, impossible to replay as a CUDA graph, whose every tensor has one address
