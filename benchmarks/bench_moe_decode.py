@@ -97,6 +97,12 @@ def main() -> None:
         )
         us = graph_us(lambda: grouped_swiglu_rows(xs, w13s, offsets), args.calls, args.reps)
         row("w13", f"decode kernel, SwiGLU fused (bitwise the above: {same})", us, w13_bytes)
+        us = graph_us(
+            lambda: grouped_swiglu_rows(x, w13s, offsets, order, k), args.calls, args.reps
+        )
+        row("w13", "decode kernel reading the tokens through the routing order", us, w13_bytes)
+        us = graph_us(lambda: mr.gather_rows(x, order, k), args.calls, args.reps)
+        row("w13", "(the gather it saves: `gather_rows` alone)", us, rows * d * 4)
         for c in CONFIGS:
             lin.TILES[(h, d)] = c
             try:

@@ -32,6 +32,7 @@ from rlsys.kernels.triton_ops.linear import _tree
 BN = 64  # weight rows (output columns) per program
 BK = 64  # K step
 BR = 16  # token rows per MMA (the MMA's narrow side; 16 is its least)
+LAUNCH = {"num_warps": 4, "num_stages": 4}  # both kernels (one warpgroup: wgmma on sm_90)
 # Routed rows up to which these kernels run instead of the grouped GEMM / grouped tree: a
 # speed choice (the bits are the same), from benchmarks/bench_moe_decode.py on the H200.
 DECODE_ROWS = 1024
@@ -53,9 +54,12 @@ def _dot_acc(w, xt, acc, UPCAST: tl.constexpr):
 
 @triton.jit
 def _grouped_swiglu_rows(
-    X, W, OFFS, Y, K, H, sx, sw_e, sw_n, sy,
+    X, ORDER, W, OFFS, Y, K, H, sx, sw_e, sw_n, sy,
+    SLOTS: tl.constexpr, GATHER: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
+    """GATHER: sorted row r reads token row ORDER[r] // SLOTS of X (the routing's
+    expert-sorted order; `moe_route.gather_rows`'s copy, read in place)."""
     e = tl.program_id(0)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     end = tl.load(OFFS + e)
@@ -67,7 +71,11 @@ def _grouped_swiglu_rows(
     for r0 in range(start, end, BR):
         r = r0 + tl.arange(0, BR)
         r_mask = r < end
-        x_cols = X + r.to(tl.int64)[None, :] * sx
+        if GATHER:
+            src = tl.load(ORDER + r, mask=r_mask, other=0) // SLOTS
+        else:
+            src = r
+        x_cols = X + src.to(tl.int64)[None, :] * sx
         acc1 = tl.zeros([BN, BR], tl.float32)
         acc3 = tl.zeros([BN, BR], tl.float32)
         for k0 in range(0, K, BK):
@@ -115,21 +123,28 @@ def fits(w13: Tensor) -> bool:
     return h2 % (2 * BN) == 0 and k % BK == 0 and w13.stride(-1) == 1
 
 
-def grouped_swiglu_rows(x_sorted: Tensor, w13: Tensor, offsets: Tensor) -> Tensor:
+def grouped_swiglu_rows(
+    x: Tensor, w13: Tensor, offsets: Tensor, order: Tensor | None = None, slots: int = 1
+) -> Tensor:
     """silu(x w1[e]^T) * (x w3[e]^T) -> (rows, H) in w13's dtype, for rows sorted by
     expert: w13 (E, 2H, K) = every expert's [w1; w3]; offsets (E,) int32, the cumulative row
-    counts (expert e's rows end at offsets[e]), on the device (no host sync)."""
-    check_device(x_sorted, w13, offsets)
+    counts (expert e's rows end at offsets[e]), on the device (no host sync). `order`: x
+    holds the tokens and sorted row r is token order[r] // `slots` (the routing's layout,
+    `moe_route.expert_layout`): the gather is read in place, one launch fewer; else x
+    holds the sorted rows themselves."""
+    check_device(x, w13, offsets)
     n_exp, h2, k = w13.shape
     assert fits(w13), f"expert shape {tuple(w13.shape)} is off the kernel's tiles"
-    assert x_sorted.shape[1] == k and x_sorted.stride(1) == 1
+    assert x.shape[1] == k and x.stride(1) == 1
     h = h2 // 2
-    out = torch.empty(x_sorted.shape[0], h, dtype=w13.dtype, device=x_sorted.device)
-    if x_sorted.shape[0]:
+    rows = order.shape[0] if order is not None else x.shape[0]
+    out = torch.empty(rows, h, dtype=w13.dtype, device=x.device)
+    if rows:
         _grouped_swiglu_rows[(n_exp, h // BN)](
-            x_sorted, w13, offsets, out, k, h,
-            x_sorted.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-            BN=BN, BK=BK, BR=BR, UPCAST=interpreting(), num_warps=4, num_stages=4,
+            x, order if order is not None else offsets, w13, offsets, out, k, h,
+            x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
+            SLOTS=slots, GATHER=order is not None,
+            BN=BN, BK=BK, BR=BR, UPCAST=interpreting(), **LAUNCH,
         )  # fmt: skip
     return out
 
@@ -149,6 +164,6 @@ def grouped_tree_rows(h_sorted: Tensor, w2: Tensor, offsets: Tensor, n_chunks: i
             h_sorted, w2, offsets, out, k, n,
             h_sorted.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
             NCH=n_chunks, BN=BN, BK=bk, BR=BR, EVEN=(k // n_chunks) % bk == 0,
-            UPCAST=interpreting(), PRECISION=dot_precision(w2.dtype), num_warps=4, num_stages=4,
+            UPCAST=interpreting(), PRECISION=dot_precision(w2.dtype), **LAUNCH,
         )  # fmt: skip
     return out

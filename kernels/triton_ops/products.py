@@ -239,6 +239,14 @@ class TritonProducts:
     ) -> Tensor:
         return lin.grouped_tree_fwd(h, w2, tiles, n_chunks)
 
+    def decode_swiglu(self, w13: Tensor | None, rows: int) -> bool:
+        """Whether `rows` routed rows' SwiGLU may run on the decode kernel
+        (`grouped_decode.grouped_swiglu_rows`, reading the tokens through the routing's
+        order) instead of `grouped_swiglu`: where it gives that product's bits. Not here:
+        this mode's product is the Triton tree, whose chunks the decode kernel does not
+        follow."""
+        return False
+
 
 class InvariantProducts(TritonProducts):
     """cuBLAS where `_holds`, the Triton kernels elsewhere (see the module doc)."""
@@ -263,14 +271,17 @@ class InvariantProducts(TritonProducts):
         w13: Tensor | None = None,
     ) -> Tensor:
         if self.stacks_experts(w1):
-            if w13 is not None and gd.decode_sized(x.shape[0]) and _decode_swiglu_holds(w13):
-                return gd.grouped_swiglu_rows(x, w13, offsets)
             return cublas_grouped_swiglu(x, w1, w3, offsets, w13)
         return super().grouped_swiglu(x, w1, w3, offsets, tiles)
 
     def stacks_experts(self, w1: Tensor) -> bool:
         e, h, k = w1.shape
         return _holds("grouped", (e, 2 * h, k), w1.dtype, w1.device)
+
+    def decode_swiglu(self, w13: Tensor | None, rows: int) -> bool:
+        """Decode-sized rows, the grouped GEMM in use (`w13`: its cached operand) and the
+        decode kernel bitwise it on this GPU (`_decode_swiglu_holds`)."""
+        return w13 is not None and gd.decode_sized(rows) and _decode_swiglu_holds(w13)
 
 
 class PlainProducts(TritonProducts):

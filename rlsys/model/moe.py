@@ -182,9 +182,12 @@ class MoE(nn.Module):
             routing.add(self.layer, idx, gates)
         max_tiles = -(-idx.numel() // BM) + cfg.n_experts
         pos, order, offsets, tiles = mr.expert_layout(idx, cfg.n_experts, max_tiles, BM)
-        xs = mr.gather_rows(x, order, k)
         w13 = self._w13.get([self.w1, self.w3]) if products().stacks_experts(self.w1) else None
-        hidden = products().grouped_swiglu(xs, self.w1, self.w3, offsets, tiles, w13)
+        if products().decode_swiglu(w13, order.shape[0]):  # the gather read in place
+            hidden = gd.grouped_swiglu_rows(x, w13, offsets, order, k)  # type: ignore[arg-type]
+        else:
+            xs = mr.gather_rows(x, order, k)
+            hidden = products().grouped_swiglu(xs, self.w1, self.w3, offsets, tiles, w13)
         chunks = self.row_parallel.chunks
         if partials and triton_computes("grouped_tree", self.w2):
             if gd.decode_sized(hidden.shape[0]) and decode_tree_holds(self.w2, chunks):

@@ -63,6 +63,14 @@ def test_decode_swiglu_is_the_grouped_gemm_bitwise(shape: tuple[int, int, int]) 
     x, w13 = _rand(int(counts.sum()), d), _rand(n_exp, 2 * h, d)
     offsets = torch.cumsum(counts, 0).to(torch.int32).to(DEV)
     got = grouped_swiglu_rows(x, w13, offsets)
+    # the same rows read through a routing order (tokens with 2 slots each, shuffled):
+    # the gather in place gives the bits of the gathered copy
+    slots, rows = 2, x.shape[0]
+    token = torch.randperm(rows + 3)[:rows]
+    order = (token * slots + torch.randint(0, slots, (rows,))).to(torch.int32).to(DEV)
+    tokens = _rand(rows + 3, d)
+    tokens[token.to(DEV)] = x
+    assert torch.equal(grouped_swiglu_rows(tokens, w13, offsets, order, slots), got)
     if CUDA:
         from rlsys.kernels.triton_ops.products import cublas_grouped_swiglu
 
@@ -87,3 +95,31 @@ def test_the_dispatcher_takes_the_decode_kernels_where_they_hold() -> None:
     assert pr.decode_tree_holds(_rand(n_exp, d, h), 8)
     if CUDA:
         assert pr._decode_swiglu_holds(_rand(n_exp, 2 * h, d))
+
+
+def test_the_decode_kernels_compile_for_sm90_on_tensor_cores_without_spills() -> None:
+    """Compiled offline for the H200's architecture (no GPU: `triton_ops.offline`), under
+    the launch the kernels use: both reach the MMA as wgmma (`HGMMA`, the instruction the
+    grouped GEMM and the grouped tree kernel use) and spill nothing (no `STL`)."""
+    from rlsys.kernels.triton_ops import grouped_decode as gd
+    from rlsys.kernels.triton_ops.offline import compile_sass
+
+    module = "rlsys.kernels.triton_ops.grouped_decode"
+    swiglu = compile_sass(
+        f"{module}:_grouped_swiglu_rows",
+        {"X": "*bf16", "ORDER": "*i32", "W": "*bf16", "OFFS": "*i32", "Y": "*bf16"},
+        {"SLOTS": 4, "GATHER": True, "BN": gd.BN, "BK": gd.BK, "BR": gd.BR, "UPCAST": False},
+        gd.LAUNCH,
+        divisible=("K", "H", "sx", "sw_e", "sw_n", "sy"),
+    )
+    tree = compile_sass(
+        f"{module}:_grouped_tree_rows",
+        {"Hs": "*bf16", "W": "*bf16", "OFFS": "*i32", "Y": "*fp32"},
+        {"NCH": 8, "BN": gd.BN, "BK": 64, "BR": gd.BR, "EVEN": True, "UPCAST": False,
+         "PRECISION": "tf32"},
+        gd.LAUNCH,
+        divisible=("K", "N", "sh", "sw_e", "sw_n", "sy"),
+    )  # fmt: skip
+    for name, sass in (("swiglu", swiglu), ("tree", tree)):
+        assert "HGMMA" in sass, name
+        assert "STL" not in sass, name
