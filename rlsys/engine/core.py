@@ -343,6 +343,8 @@ class EngineCore:
             routes = out.routes
             self._defer(lambda: self._keep_route_rows(routes, live))
         assert out.sampled is not None
+        if self._drawn_in_order(live):
+            return self._emit_drawn(step, live, out.sampled, out.last_logits)
         rows = out.last_logits.unbind(0)  # every row's view in one call, not one per row
         for i, seq in live:
             seq.presampled = out.sampled[i]
@@ -351,6 +353,40 @@ class EngineCore:
             if seq.in_flight is step:
                 seq.in_flight = None
         return self._sample_ready()
+
+    def _drawn_in_order(self, live: list[tuple[int, Sequence]]) -> bool:
+        """Whether a decode step's rows can be emitted in one pass (`_emit_drawn`): no
+        drafts to verify, every running sequence is a row of the step, in running order,
+        and each has sampled before (no prompt to remember). Then `_sample_ready` would
+        take exactly these rows, in this order, each with the token drawn on the device."""
+        running = self.running
+        if self.cfg.speculative_tokens or len(live) != len(running):
+            return False
+        return all(
+            seq is ran and seq.num_generated > 0
+            for (_, seq), ran in zip(live, running, strict=True)
+        )
+
+    def _emit_drawn(
+        self, step: _InFlight, live: list[tuple[int, Sequence]], drawn: list[SampledToken],
+        logits: Tensor,
+    ) -> list[GenerationResult]:  # fmt: skip
+        """`_read_step` + `_sample_ready` for a step `_drawn_in_order` admits, in one pass
+        over its rows: the same records, stops and results in the same order, without
+        parking each row's token and logits on its sequence first (per sequence per
+        step, this is the host's hottest loop at large batches)."""
+        finished = []
+        limit = self.cfg.max_context_tokens
+        for i, seq in live:
+            seq.num_cached += 1
+            if seq.in_flight is step:
+                seq.in_flight = None
+            self._emit(seq, drawn[i])
+            reason = seq.stop_reason(limit)
+            if reason is not None:
+                self.running.remove(seq)
+                finished.append(self._finish(seq, reason, logits[i]))
+        return finished
 
     def _drain(self) -> list[GenerationResult]:
         """Settle the step in flight (before an abort or a weight update)."""

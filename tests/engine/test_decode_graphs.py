@@ -119,7 +119,8 @@ def test_engine_generations_with_decode_graphs_match_the_eager_engine(sampler: b
 
 
 def _overlap_run(cfg, state, state2, overlap: bool, stop: int | None) -> tuple[dict, int]:  # type: ignore[no-untyped-def]
-    """Two turns of a session and a third request, a weight update after the 4th step:
+    """Two turns of a session, a third request and one continuing the first's finished
+    rows exactly, a weight update after the 4th step:
     every result, and how many queued rows were taken back."""
     ecfg = EngineConfig(
         max_running=2,
@@ -150,7 +151,10 @@ def _overlap_run(cfg, state, state2, overlap: bool, stop: int | None) -> tuple[d
     # the session's next turn continues r0's finished cache (a prefix-cache hit)
     turn = prompt + done["r0"].token_ids + [9]
     core.add(GenerationRequest("r3", "s0", turn, params, seed=6))
-    while len(done) < 4:
+    # a prompt that is exactly r0's cached rows: its first token is drawn from the logits
+    # r0's finish kept (no row recomputed)
+    core.add(GenerationRequest("r4", "s4", prompt + done["r0"].token_ids[:-1], params, seed=7))
+    while len(done) < 5:
         done |= {r.request_id: r for r in core.step()}
     assert core.stats().prefix_cache_hit_tokens > 0
     return done, len(retracted)
@@ -177,6 +181,7 @@ def test_overlapped_decode_steps_give_the_step_by_step_engines_results() -> None
     assert want["r0"].finish_reason == "stop" and 6 <= n0 < 8
     # r3 continued r0's finished cache: every row of r0's but the stop token's
     assert want["r3"].prefix_cache_hit_tokens == 8 + n0 - 1
+    assert want["r4"].prefix_cache_hit_tokens == 8 + n0 - 1 == want["r4"].prompt_tokens
     fields = (
         "token_ids", "logprobs", "versions", "candidate_ids", "candidate_capped",
         "finish_reason", "prefix_cache_hit_tokens",
