@@ -134,30 +134,40 @@ def _holds(kind: str, shape: tuple[int, ...], dtype: torch.dtype, dev: torch.dev
 _PATTERN = (0, 1, gd.BR, gd.BR + 1, 3, 2 * gd.BR + 5)
 
 
+def _expert_probe(weight: Tensor, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Random experts shaped like `weight` (E, N, K), rows per expert in `_PATTERN`'s
+    cycle: (weights, counts, offsets int32, rows sorted by expert (rows, K))."""
+    dev, (e, _n, k) = weight.device, weight.shape
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    w = (torch.randn(weight.shape, device=dev, generator=gen) * 0.05).to(weight.dtype)
+    counts = torch.tensor([_PATTERN[i % len(_PATTERN)] for i in range(e)], device=dev)
+    x = torch.randn(int(counts.sum()), k, device=dev, generator=gen).to(weight.dtype)
+    return w, counts, torch.cumsum(counts, 0).to(torch.int32), x
+
+
+def _unchecked_in_capture(key: tuple, t: Tensor) -> bool:
+    """No check can run inside a CUDA-graph capture: an unchecked shape keeps the general
+    kernel there (the engine's graphs run an eager warm-up forward first, which checks)."""
+    return key not in _checked and t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _decode_swiglu_holds(w13: Tensor) -> bool:
     """Whether the decode kernel (`grouped_decode.grouped_swiglu_rows`) gives the grouped
     GEMM + `silu_mul`'s bits for experts of this shape on this GPU: checked once per
-    process on random rows (experts with 0, 1, 16, 17 and more rows); inside a CUDA-graph
-    capture an unchecked shape keeps the grouped GEMM (no check can run there; the engine's
-    graphs run an eager warm-up forward first, which checks)."""
+    process on random rows (experts with 0, 1, 16, 17 and more rows)."""
     key = ("decode_swiglu", tuple(w13.shape), w13.dtype, w13.device)
-    if key in _checked:
-        return _checked[key]
-    if torch.cuda.is_current_stream_capturing():
+    if _unchecked_in_capture(key, w13):
         return False
-    ok = w13.device.type == "cuda" and gd.fits(w13)
-    if ok:
-        e, h2, k = w13.shape
-        gen = torch.Generator(device=w13.device).manual_seed(2)
-        w = (torch.randn(w13.shape, device=w13.device, generator=gen) * 0.05).to(w13.dtype)
-        counts = torch.tensor([_PATTERN[i % len(_PATTERN)] for i in range(e)], device=w13.device)
-        offsets = torch.cumsum(counts, 0).to(torch.int32)
-        x = torch.randn(int(counts.sum()), k, device=w13.device, generator=gen).to(w13.dtype)
-        with torch.no_grad():
-            want = cublas_grouped_swiglu(x, w[:, : h2 // 2], w[:, h2 // 2 :], offsets, w)
-            ok = torch.equal(gd.grouped_swiglu_rows(x, w, offsets), want)
-    _checked[key] = ok
-    return ok
+    if key not in _checked:
+        ok = w13.is_cuda and gd.fits(w13)
+        if ok:
+            w, _counts, offsets, x = _expert_probe(w13, 2)
+            h = w13.shape[1] // 2
+            with torch.no_grad():
+                want = cublas_grouped_swiglu(x, w[:, :h], w[:, h:], offsets, w)
+                ok = torch.equal(gd.grouped_swiglu_rows(x, w, offsets), want)
+        _checked[key] = ok
+    return _checked[key]
 
 
 def decode_tree_holds(w2: Tensor, n_chunks: int) -> bool:
@@ -167,22 +177,15 @@ def decode_tree_holds(w2: Tensor, n_chunks: int) -> bool:
     MMA's sums do not depend on which operand is which; checked once per process like
     `_decode_swiglu_holds` (under the interpreter both are exact, so it holds there)."""
     key = ("decode_tree", tuple(w2.shape), w2.dtype, w2.device, n_chunks)
-    if key in _checked:
-        return _checked[key]
-    if w2.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if _unchecked_in_capture(key, w2):
         return False
-    e, n, k = w2.shape
-    gen = torch.Generator(device=w2.device).manual_seed(3)
-    w = (torch.randn(w2.shape, device=w2.device, generator=gen) * 0.05).to(w2.dtype)
-    counts = torch.tensor([_PATTERN[i % len(_PATTERN)] for i in range(e)], device=w2.device)
-    offsets = torch.cumsum(counts, 0).to(torch.int32)
-    h = torch.randn(int(counts.sum()), k, device=w2.device, generator=gen).to(w2.dtype)
-    tiles = lin.expert_tiles(counts, -(-h.shape[0] // lin.BM) + e)
-    with torch.no_grad():
-        want = lin.grouped_tree_fwd(h, w, tiles, n_chunks)
-        ok = torch.equal(gd.grouped_tree_rows(h, w, offsets, n_chunks), want)
-    _checked[key] = ok
-    return ok
+    if key not in _checked:
+        w, counts, offsets, h = _expert_probe(w2, 3)
+        tiles = lin.expert_tiles(counts, -(-h.shape[0] // lin.BM) + w2.shape[0])
+        with torch.no_grad():
+            want = lin.grouped_tree_fwd(h, w, tiles, n_chunks)
+            _checked[key] = torch.equal(gd.grouped_tree_rows(h, w, offsets, n_chunks), want)
+    return _checked[key]
 
 
 def _column_probe(w: Tensor) -> Callable[[Tensor], Tensor]:
