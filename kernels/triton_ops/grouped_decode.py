@@ -1,5 +1,5 @@
-"""The routed experts' SwiGLU at decode sizes: one launch, every expert's few rows, the
-weights streamed once.
+"""The routed experts' products at decode sizes (w1;w3 with SwiGLU, and the down
+projection's tree): one launch each, every expert's few rows, the weights streamed once.
 
 At decode a batch of n tokens gives each of E experts about n * k / E rows (8 at batch 64
 for `large`). The grouped GEMM (`torch._grouped_mm`) tiles M by 64 and the weights by 128
@@ -14,8 +14,10 @@ Numerics: each output element is one in-order K loop of MMA steps into an fp32 a
 `a1 / (1 + exp(-a1)) * a3` in fp32 and rounded once: the grouped GEMM's and `silu_mul`'s
 arithmetic. Whether the MMA here gives the grouped GEMM's bits is a property of the GPU
 and its libraries, not of this code: `products` uses this kernel only where a check at
-first use found them equal (`InvariantProducts.grouped_swiglu`), and a GPU test compares
-them at every preset's expert shape.
+first use found them equal (`InvariantProducts.decode_swiglu`), and a GPU test compares
+them at every preset's expert shape. The down projection (`grouped_tree_rows`) is the
+grouped tree kernel's own `_tree` with the operands' roles swapped, behind the same kind
+of check (`products.decode_tree_holds`).
 """
 
 from __future__ import annotations
