@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.triton_ops import linear as lin
-from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting
+from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting, mma
 from rlsys.kernels.triton_ops.linear import _tree
 
 BN = 64  # weight rows (output columns) per program
@@ -40,6 +40,16 @@ LAUNCH = {"num_warps": 4, "num_stages": 4}  # both kernels (one warpgroup: wgmma
 DECODE_ROWS = 1024
 
 
+# rows per expert in the checks that admit these kernels (`products`) and in their tests:
+# none, one, one MMA's worth, one past it, a few, more than two MMAs' worth
+CHECK_ROWS = (0, 1, BR, BR + 1, 3, 2 * BR + 5)
+
+
+def check_counts(n_experts: int) -> Tensor:
+    """Rows per expert for a check of `n_experts` experts: `CHECK_ROWS`, cycled."""
+    return torch.tensor([CHECK_ROWS[i % len(CHECK_ROWS)] for i in range(n_experts)])
+
+
 def decode_sized(rows: int) -> bool:
     """Whether `rows` routed rows (tokens x experts per token) take the decode kernels."""
     return rows <= DECODE_ROWS
@@ -48,9 +58,8 @@ def decode_sized(rows: int) -> bool:
 @triton.jit
 def _dot_acc(w, xt, acc, UPCAST: tl.constexpr):
     """acc + w @ xt, the accumulator chained through the MMA (fp32, in-order K)."""
-    if UPCAST:
-        prod = w.to(tl.float32)[:, :, None] * xt.to(tl.float32)[None, :, :]
-        return acc + tl.sum(prod, axis=1)
+    if UPCAST:  # the interpreter's form (`common.mma`)
+        return acc + mma(w, xt, "ieee", UPCAST)
     return tl.dot(w, xt, acc)
 
 

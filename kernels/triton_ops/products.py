@@ -130,17 +130,14 @@ def _holds(kind: str, shape: tuple[int, ...], dtype: torch.dtype, dev: torch.dev
     return _checked[key]
 
 
-# rows per expert in the decode kernels' checks: none, one, one MMA's worth, one past it, more
-_PATTERN = (0, 1, gd.BR, gd.BR + 1, 3, 2 * gd.BR + 5)
-
-
 def _expert_probe(weight: Tensor, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Random experts shaped like `weight` (E, N, K), rows per expert in `_PATTERN`'s
-    cycle: (weights, counts, offsets int32, rows sorted by expert (rows, K))."""
+    """Random experts shaped like `weight` (E, N, K), rows per expert as
+    `grouped_decode.check_counts` gives: (weights, counts, offsets int32, rows sorted by
+    expert (rows, K))."""
     dev, (e, _n, k) = weight.device, weight.shape
     gen = torch.Generator(device=dev).manual_seed(seed)
     w = (torch.randn(weight.shape, device=dev, generator=gen) * 0.05).to(weight.dtype)
-    counts = torch.tensor([_PATTERN[i % len(_PATTERN)] for i in range(e)], device=dev)
+    counts = gd.check_counts(e).to(dev)
     x = torch.randn(int(counts.sum()), k, device=dev, generator=gen).to(weight.dtype)
     return w, counts, torch.cumsum(counts, 0).to(torch.int32), x
 

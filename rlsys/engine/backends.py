@@ -19,7 +19,7 @@ from torch import Tensor
 from rlsys.config.engine import EngineConfig
 from rlsys.config.job import JobConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
-from rlsys.engine.core import EngineStats
+from rlsys.engine.stats import EngineStats
 from rlsys.tokenizer import VOCAB_SIZE
 
 

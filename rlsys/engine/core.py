@@ -34,6 +34,12 @@ Invariants:
   a queued step takes that row back (`runner.retract`) before its cache is kept or freed,
   and the queued step's row of it is never read: tokens, records and caches are those of
   the step-by-step engine. Aborts and weight updates first settle the step in flight.
+
+Why one file over 600 lines: admission, the step, overlap, sampling, records and the
+prefix cache all read and write the same per-sequence state (`Sequence.in_flight`,
+`num_cached`, the queued records and the journal) in an order the invariants above depend
+on; split, that order would be spread over modules that each reach into the others'.
+(The stats record lives in `rlsys.engine.stats`.)
 """
 
 from __future__ import annotations
@@ -61,27 +67,11 @@ from rlsys.engine.sampler import (
     sample_batch,
 )
 from rlsys.engine.sequence import Sequence
+from rlsys.engine.stats import EngineStats
 from rlsys.engine.validation import request_error
 from rlsys.kernels.host_to_device import moved_without_sync
 from rlsys.model import RoutedExperts
 from rlsys.tokenizer import ByteTokenizer
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    version: int
-    running: int
-    waiting: int
-    steps: int
-    generated_tokens: int
-    forward_rows: int
-    tokens_per_s: float
-    prompt_tokens: int
-    prefix_cache_hit_tokens: int
-    prefix_cache_hit_rate: float
-    prefix_cache_entries: int
-    draft_tokens: int
-    accepted_draft_tokens: int
 
 
 @dataclass

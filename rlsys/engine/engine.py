@@ -21,8 +21,9 @@ from rlsys.config.engine import EngineConfig
 from rlsys.config.model import ModelConfig
 from rlsys.engine.api import GenerationRequest, GenerationResult
 from rlsys.engine.command_queue import CommandQueue
-from rlsys.engine.core import EngineCore, EngineStats
+from rlsys.engine.core import EngineCore
 from rlsys.engine.runners import make_runner
+from rlsys.engine.stats import EngineStats
 from rlsys.tokenizer import ByteTokenizer
 
 

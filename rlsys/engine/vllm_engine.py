@@ -40,7 +40,7 @@ from torch import Tensor
 from rlsys.config.engine import EngineConfig
 from rlsys.engine.api import FinishReason, GenerationRequest, GenerationResult
 from rlsys.engine.command_queue import CommandQueue
-from rlsys.engine.core import EngineStats
+from rlsys.engine.stats import EngineStats
 from rlsys.engine.validation import request_error
 from rlsys.engine.vllm_records import token_record
 from rlsys.tokenizer import ByteTokenizer

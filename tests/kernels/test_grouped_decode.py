@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from rlsys.config.model import preset  # noqa: E402
 from rlsys.kernels.triton_ops.grouped_decode import (  # noqa: E402
-    BR,
+    check_counts,
     grouped_swiglu_rows,
     grouped_tree_rows,
 )
@@ -34,11 +34,6 @@ SHAPES = (
 )  # fmt: skip
 
 
-def _counts(n_experts: int) -> torch.Tensor:
-    base = [0, 1, BR, BR + 1, 3, 2 * BR + 5]
-    return torch.tensor([base[i % len(base)] for i in range(n_experts)])
-
-
 def _rand(*shape: int) -> torch.Tensor:
     return (torch.randn(*shape) * 0.05).to(DTYPE).to(DEV)
 
@@ -46,7 +41,7 @@ def _rand(*shape: int) -> torch.Tensor:
 @pytest.mark.parametrize("shape", SHAPES)
 def test_decode_tree_is_the_grouped_tree_bitwise(shape: tuple[int, int, int]) -> None:
     n_exp, h, d = shape
-    counts = _counts(n_exp)
+    counts = check_counts(n_exp)
     rows = int(counts.sum())
     hid, w2 = _rand(rows, h), _rand(n_exp, d, h)
     offsets = torch.cumsum(counts, 0).to(torch.int32).to(DEV)
@@ -59,7 +54,7 @@ def test_decode_tree_is_the_grouped_tree_bitwise(shape: tuple[int, int, int]) ->
 @pytest.mark.parametrize("shape", SHAPES)
 def test_decode_swiglu_is_the_grouped_gemm_bitwise(shape: tuple[int, int, int]) -> None:
     n_exp, h, d = shape
-    counts = _counts(n_exp)
+    counts = check_counts(n_exp)
     x, w13 = _rand(int(counts.sum()), d), _rand(n_exp, 2 * h, d)
     offsets = torch.cumsum(counts, 0).to(torch.int32).to(DEV)
     got = grouped_swiglu_rows(x, w13, offsets)
