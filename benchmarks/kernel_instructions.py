@@ -10,7 +10,8 @@ Each kernel is compiled as `kernel_registers.py` compiles it (`large`'s geometry
 tensor cores, the project's launch options); its loops are the spans of SASS closed by a
 backward branch, and the step loop is the longest (the part walk's pairs loop: two steps
 per iteration; the forward walk's and the backward's: one). Prints, per kernel and layer
-kind, each loop's length and the step loop's most frequent opcodes. Counts are this Triton
+kind, each loop's length, the step loop's shortest path (its branch bodies skipped: no
+chunk merge, no rescale) and its most frequent opcodes. Counts are this Triton
 version's compile; the H200's Triton may schedule a few differently.
 """
 
@@ -48,6 +49,28 @@ def loops(code: list[tuple[int, str]]) -> list[tuple[int, int]]:
     return found
 
 
+def shortest_path(code: list[tuple[int, str]], start: int, end: int) -> int:
+    """Instructions on the shortest path through the loop [start, end] (its back branch
+    included): every forward branch that skips a body (a chunk merge, a rescale no row
+    needs) taken where that is shorter. What a step issues in the common case."""
+    inside = [(at, text) for at, text in code if start <= at <= end]
+    best = {start: 0}
+    for at, text in inside:
+        if at not in best:
+            continue
+        here = best[at] + 1
+        hit = TARGET.search(text) if "BRA" in text else None
+        target = int(hit.group(1), 16) if hit else None
+        if target is not None and at < target <= end:
+            best[target] = min(best.get(target, here), here)
+        unconditional = target is not None and not text.startswith("@")
+        if at == end:
+            return here
+        if not unconditional:
+            best[at + 16] = min(best.get(at + 16, here), here)
+    return best.get(end, 0) + 1
+
+
 def opcode(text: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
 
@@ -59,8 +82,11 @@ def main() -> None:
     args = parser.parse_args()
     d = args.head_dim
     print(f"sm_90, compiled offline on this machine; `large` geometry, head dim {d}\n")
-    print("| kernel | layer | variant | loops (instructions each) | step loop's top opcodes |")
-    print("|---|---|---|---|---|")
+    print(
+        "| kernel | layer | variant | loops (instructions each) | step loop's shortest path "
+        "| step loop's top opcodes |"
+    )
+    print("|---|---|---|---|---|---|")
     for label, kernel, extra, launch in kernels(d):
         variants = [("", extra, launch)]
         if label == "split part":
@@ -75,14 +101,15 @@ def main() -> None:
                 code = instructions(sass)
                 spans = loops(code)
                 lengths = [sum(1 for at, _ in code if a <= at <= b) for a, b in spans]
-                top = ""
+                top, path = "", "-"
                 if spans:
                     a, b = max(spans, key=lambda s: s[1] - s[0])
+                    path = str(shortest_path(code, a, b))
                     ops = collections.Counter(opcode(t) for at, t in code if a <= at <= b)
                     top = ", ".join(f"{k} {v}" for k, v in ops.most_common(args.top))
                 print(
                     f"| {label} | {'Sparse GQA' if sparse else 'SWA'} | {name or '-'} "
-                    f"| {', '.join(map(str, lengths))} | {top} |",
+                    f"| {', '.join(map(str, lengths))} | {path} | {top} |",
                     flush=True,
                 )
 

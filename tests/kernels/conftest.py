@@ -11,6 +11,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 try:
     import rlsys.kernels  # noqa: F401
 except ModuleNotFoundError:
@@ -22,3 +24,22 @@ except ModuleNotFoundError:
     _module = importlib.util.module_from_spec(_spec)
     sys.modules["rlsys.kernels"] = _module
     _spec.loader.exec_module(_module)
+
+
+@pytest.fixture(params=["exact", "lazy"])
+def rescale_rule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both online-softmax rules of `attention_fwd.fold_step`: the exact running maximum
+    (head dims below `LAZY_RESCALE_MIN_DIM`) and the slack reference with the rescale on
+    demand (from it). Under the interpreter the lazy rule is forced down to these tests'
+    small heads; a GPU compile fixes the rule by the head dim, and `test_triton_cuda`
+    runs the lazy one at head dim 128."""
+    if request.param == "lazy":
+        from rlsys.kernels.triton_ops import attention_fwd
+        from rlsys.kernels.triton_ops.common import interpreting
+
+        if not interpreting():
+            pytest.skip("a compiled kernel's rule is fixed by its head dim")
+        import triton.language as tl
+
+        monkeypatch.setattr(attention_fwd, "LAZY_RESCALE_MIN_DIM", tl.constexpr(0))
+    return request.param

@@ -66,7 +66,7 @@ def _call(kind, case, q, qi, spans, chunk=CHUNK, **kw):  # noqa: ANN001, ANN003,
 @pytest.mark.parametrize(("chunk", "per_octave"), [(CHUNK, 8), (16, 2)])
 @pytest.mark.parametrize("kind", ["swa", "sparse"])
 def test_split_chunks_give_the_single_walks_bits(
-    kind: str, chunk: int, per_octave: int, monkeypatch: pytest.MonkeyPatch
+    kind: str, chunk: int, per_octave: int, monkeypatch: pytest.MonkeyPatch, rescale_rule: str
 ) -> None:
     monkeypatch.setattr(attention_fwd, "CHUNKS_PER_OCTAVE", per_octave)
     case = paged_case(LENGTHS, HKV, D, 32, BLK, IDX, DEV, seed=11)
@@ -93,7 +93,7 @@ def test_split_chunks_give_the_single_walks_bits(
     assert torch.equal(gated_split, (full[last] * gate[..., None]).to(full.dtype))
 
 
-def test_split_in_bf16_gives_the_single_walks_bits() -> None:
+def test_split_in_bf16_gives_the_single_walks_bits(rescale_rule: str) -> None:
     """bf16 operands (the models' dtype): the chunk states stay fp32 in memory."""
     case = paged_case(LENGTHS, HKV, D, 32, BLK, IDX, DEV, dtype=torch.bfloat16, seed=3)
     n = sum(case.lengths)
@@ -109,7 +109,7 @@ def test_split_in_bf16_gives_the_single_walks_bits() -> None:
 @pytest.mark.parametrize("d", [16, 64] if DEV == "cuda" else [16])  # 64: `large`'s
 @pytest.mark.parametrize("kind", ["swa", "sparse"])
 def test_one_warp_decode_walk_gives_the_whole_tiles_bits(
-    kind: str, d: int, monkeypatch: pytest.MonkeyPatch
+    kind: str, d: int, monkeypatch: pytest.MonkeyPatch, rescale_rule: str
 ) -> None:
     """The models' tile (4 heads per KV group, 16 slots: 64 MMA rows, a warp's share 16):
     a decode call's part walk runs one warp's 16 rows, the SUB = 4 slots holding the

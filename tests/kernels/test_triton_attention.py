@@ -60,7 +60,7 @@ def _sparse(case, q, qi, spans, rank_max=128):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.parametrize("page", [32, 64])
-def test_swa_forward_matches_the_dense_window(page: int) -> None:
+def test_swa_forward_matches_the_dense_window(page: int, rescale_rule: str) -> None:
     case = paged_case([40, 7, 70], HKV, D, page, BLK, IDX, DEV, seed=page)
     spans = prefill_spans(case.lengths)
     q = torch.randn(sum(case.lengths), H, D).to(DEV)
@@ -69,7 +69,7 @@ def test_swa_forward_matches_the_dense_window(page: int) -> None:
     torch.testing.assert_close(out.cpu(), want, atol=2e-6, rtol=1e-5)
 
 
-def test_swa_token_is_bitwise_the_same_in_decode_chunk_and_prefill() -> None:
+def test_swa_token_is_bitwise_the_same_in_decode_chunk_and_prefill(rescale_rule: str) -> None:
     window = 45  # spans several 16-key steps: the step order is what is under test
     case = paged_case([40, 7, 70], HKV, D, 32, BLK, IDX, DEV)
     spans = prefill_spans(case.lengths)
@@ -153,7 +153,9 @@ def test_indexer_chunks_rank_only_as_far_as_their_queries_reach(
     _assert_reference_selection(case, qi, spans, sel)
 
 
-def test_sparse_forward_matches_the_dense_selection_and_is_batch_invariant() -> None:
+def test_sparse_forward_matches_the_dense_selection_and_is_batch_invariant(
+    rescale_rule: str,
+) -> None:
     case = paged_case([40, 7, 70], HKV, D, 32, BLK, IDX, DEV, seed=5)
     spans = prefill_spans(case.lengths)
     n = sum(case.lengths)
@@ -200,7 +202,7 @@ def _dense_grads(q, k, v, do, lengths, allowed):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.parametrize("kind", ["swa", "sparse"])
-def test_backward_matches_autograd_of_the_dense_attention(kind: str) -> None:
+def test_backward_matches_autograd_of_the_dense_attention(kind: str, rescale_rule: str) -> None:
     lengths = [40, 7, 50]
     q, k, v, do = _packed(lengths, seed=11)
     kv = contiguous_table(lengths, 32, DEV)

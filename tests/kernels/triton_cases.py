@@ -31,7 +31,12 @@ class PagedCase:
 def paged_case(
     lengths: list[int], hkv: int, d: int, page: int, block: int, idx: int, device: str,
     dtype: torch.dtype = torch.float32, seed: int = 0, spare_pages: int = 3,
+    spike_every: int = 8, spike: float = 8.0,
 ) -> PagedCase:  # fmt: skip
+    """`spike_every`: about one key row in that many is scaled by `spike`, so a query's
+    scores jump well past their running maximum mid-walk, as they do in a trained model:
+    the forward's rescale (`fold_step`) runs only then, and only some rows of a tile need
+    it (0: no spikes)."""
     g = torch.Generator().manual_seed(seed)
     n_pages = sum(-(-n // page) for n in lengths) + spare_pages
     order = torch.randperm(n_pages, generator=g).tolist()
@@ -42,7 +47,10 @@ def paged_case(
         for p in range(-(-n // page)):
             table[s, p] = next(it) * page
     rows = n_pages * page
-    k = torch.randn(rows, hkv, d, generator=g).to(dtype)
+    k = torch.randn(rows, hkv, d, generator=g)
+    if spike_every:
+        k[torch.randint(0, spike_every, (rows,), generator=g) == 0] *= spike
+    k = k.to(dtype)
     v = torch.randn(rows, hkv, d, generator=g).to(dtype)
     # Rows that hold no written position (spare pages, the ends of last pages) are NaN, as a
     # freed page may hold anything: a kernel that reads one (a key past the tile's end, a
