@@ -117,8 +117,8 @@ def _attn_bwd_dkv(
     d = tl.arange(0, DP)
     k_base = K + g * k_stride_g
     v_base = V + g * k_stride_g
-    k = load_keys(k_base, block_table, bt_stride, seq, kpos, kvalid, k_stride_r, d, D, PAGE)
-    v = load_keys(v_base, block_table, bt_stride, seq, kpos, kvalid, k_stride_r, d, D, PAGE)
+    k = load_keys(k_base, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D, PAGE, STEP)
+    v = load_keys(v_base, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D, PAGE, STEP)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -201,7 +201,7 @@ def _block_mass(
             i, step_ids, qpos, present, qrow, hi, g, 0, sel_bits, sb_stride_n, sb_stride_g,
             True, STEP, BLK,
         )  # fmt: skip
-        k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+        k = load_keys(k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP)
         if UPCAST:
             k = k.to(tl.float32)
         s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale

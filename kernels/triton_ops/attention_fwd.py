@@ -230,13 +230,21 @@ def step_bounds(tile, g, lo, hi, step_off, window, SPARSE: tl.constexpr, STEP: t
 
 @triton.jit
 def load_keys(
-    base, block_table, bt_stride, seq, kpos, kneed, stride_r, d, D: tl.constexpr, PAGE: tl.constexpr
-):
-    """(STEP, DP) rows of a pool at absolute positions kpos (zeros where not needed)."""
-    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kneed, other=0)
-    krow = (page_row + kpos % PAGE).to(tl.int64)  # pools pass 2^31 elements at long context
+    base, block_table, bt_stride, seq, c, kneed, stride_r, d, D: tl.constexpr,
+    PAGE: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    """(STEP, DP) rows of a pool at aligned step c, positions c * STEP + [0, STEP) (zeros
+    where not `kneed`). A step lies in one page (PAGE % STEP == 0, asserted at launch), so
+    it takes one page-table entry, a scalar load (every walked step starts before its
+    sequence's end: the entry exists), and its keys are consecutive pool rows: an address
+    is the step's first row plus a loop-invariant offset, not a gathered page row and a
+    64-bit multiply per key (the decode walk is bound by instruction issue)."""
+    first = c * STEP
+    page_row = tl.load(block_table + seq * bt_stride + first // PAGE)
+    row0 = (page_row + first % PAGE).to(tl.int64)  # pools pass 2^31 elements at long context
+    offs = tl.arange(0, STEP)[:, None] * stride_r + d[None, :]
     return tl.load(
-        base + krow[:, None] * stride_r + d[None, :],
+        base + row0 * stride_r + offs,
         mask=kneed[:, None] & (d < D)[None, :],
         other=0.0,
     )
@@ -306,27 +314,28 @@ def visible_step(
     """Step `i` of the walk, loaded, as the forward and the dq backward both take it:
     (vis, k, v, s), s = q k^T * qk_scale for every row and key (keys a row does not see are
     the caller's to mask with `vis`; keys at or past the tile's end are zeros, never read)."""
-    _, kpos, vis, kneed = step_keys(
+    c, _, vis, kneed = step_keys(
         i, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
         SPARSE, STEP, BLK,
     )  # fmt: skip
     k, v, s = step_scores(
-        q, qk_scale, kpos, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride,
-        k_stride_r, d, D, PAGE, UPCAST, PRECISION,
+        q, qk_scale, c, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride,
+        k_stride_r, d, D, PAGE, STEP, UPCAST, PRECISION,
     )  # fmt: skip
     return vis, k, v, s
 
 
 @triton.jit
 def step_scores(
-    q, qk_scale, kpos, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
-    D: tl.constexpr, PAGE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    q, qk_scale, c, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
+    D: tl.constexpr, PAGE: tl.constexpr, STEP: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """A step's keys and values at positions kpos (zeros where not `kneed`), and the scores
-    s = q k^T * qk_scale of every row and key."""
+    """Step c's keys and values (zeros where not `kneed`), and the scores s = q k^T *
+    qk_scale of every row and key."""
     k_base, v_base = K + g * k_stride_g, V + g * k_stride_g
-    k = load_keys(k_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
-    v = load_keys(v_base, block_table, bt_stride, seq, kpos, kneed, k_stride_r, d, D, PAGE)
+    k = load_keys(k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP)
+    v = load_keys(v_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)

@@ -113,8 +113,8 @@ def part_step(
             sb_stride_g, SPARSE, BLK, STEP,
         )  # fmt: skip
         k, v, s = step_scores(
-            q, qk_scale, kpos, kpos < hi, g, seq, K, V, k_stride_g, block_table, bt_stride,
-            k_stride_r, d, D, PAGE, UPCAST, PRECISION,
+            q, qk_scale, c, kpos < hi, g, seq, K, V, k_stride_g, block_table, bt_stride,
+            k_stride_r, d, D, PAGE, STEP, UPCAST, PRECISION,
         )  # fmt: skip
     else:
         vis, k, v, s = visible_step(

@@ -31,7 +31,7 @@ class PagedCase:
 def paged_case(
     lengths: list[int], hkv: int, d: int, page: int, block: int, idx: int, device: str,
     dtype: torch.dtype = torch.float32, seed: int = 0, spare_pages: int = 3,
-    spike_every: int = 8, spike: float = 8.0,
+    spike_every: int = 8, spike: float = 4.0,
 ) -> PagedCase:  # fmt: skip
     """`spike_every`: about one key row in that many is scaled by `spike`, so a query's
     scores jump well past their running maximum mid-walk, as they do in a trained model:
