@@ -81,7 +81,7 @@ def _attn_bwd_dq(
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
-            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, not SPARSE)  # fmt: skip
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
         dp = mma(do, tl.trans(v), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])

@@ -231,23 +231,29 @@ def step_bounds(tile, g, lo, hi, step_off, window, SPARSE: tl.constexpr, STEP: t
 @triton.jit
 def load_keys(
     base, block_table, bt_stride, seq, c, kneed, stride_r, d, D: tl.constexpr,
-    PAGE: tl.constexpr, STEP: tl.constexpr,
+    PAGE: tl.constexpr, STEP: tl.constexpr, GATHER: tl.constexpr = False,
 ):  # fmt: skip
     """(STEP, DP) rows of a pool at aligned step c, positions c * STEP + [0, STEP) (zeros
     where not `kneed`). A step lies in one page (PAGE % STEP == 0, asserted at launch), so
     it takes one page-table entry, a scalar load (every walked step starts before its
     sequence's end: the entry exists), and its keys are consecutive pool rows: an address
     is the step's first row plus a loop-invariant offset, not a gathered page row and a
-    64-bit multiply per key (the decode walk is bound by instruction issue)."""
+    64-bit multiply per key (the decode walk is bound by instruction issue). GATHER: the
+    per-key form, where the offsets cost more than they save (sm_90 SASS, offline): the SWA
+    part walk on one warp (its spills grew 72 -> 128 bytes at head dim 64, 160 -> 256 at
+    128, for no fewer instructions) and the SWA dq walk (350 -> 387 instructions per step at
+    64, predicates spilled). The same values either way."""
     first = c * STEP
-    page_row = tl.load(block_table + seq * bt_stride + first // PAGE)
-    row0 = (page_row + first % PAGE).to(tl.int64)  # pools pass 2^31 elements at long context
-    offs = tl.arange(0, STEP)[:, None] * stride_r + d[None, :]
-    return tl.load(
-        base + row0 * stride_r + offs,
-        mask=kneed[:, None] & (d < D)[None, :],
-        other=0.0,
-    )
+    if GATHER:
+        kpos = first + tl.arange(0, STEP)
+        page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kneed, other=0)
+        krow = (page_row + kpos % PAGE).to(tl.int64)
+        ptrs = base + krow[:, None] * stride_r + d[None, :]
+    else:
+        page_row = tl.load(block_table + seq * bt_stride + first // PAGE)
+        row0 = (page_row + first % PAGE).to(tl.int64)  # pools pass 2^31 elements at long context
+        ptrs = base + row0 * stride_r + (tl.arange(0, STEP)[:, None] * stride_r + d[None, :])
+    return tl.load(ptrs, mask=kneed[:, None] & (d < D)[None, :], other=0.0)
 
 
 @triton.jit
@@ -310,17 +316,19 @@ def visible_step(
     sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
     D: tl.constexpr, STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    GATHER: tl.constexpr = False,
 ):  # fmt: skip
     """Step `i` of the walk, loaded, as the forward and the dq backward both take it:
     (vis, k, v, s), s = q k^T * qk_scale for every row and key (keys a row does not see are
-    the caller's to mask with `vis`; keys at or past the tile's end are zeros, never read)."""
+    the caller's to mask with `vis`; keys at or past the tile's end are zeros, never read;
+    GATHER: `load_keys`' per-key form)."""
     c, _, vis, kneed = step_keys(
         i, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
         SPARSE, STEP, BLK,
     )  # fmt: skip
     k, v, s = step_scores(
         q, qk_scale, c, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride,
-        k_stride_r, d, D, PAGE, STEP, UPCAST, PRECISION,
+        k_stride_r, d, D, PAGE, STEP, UPCAST, PRECISION, GATHER,
     )  # fmt: skip
     return vis, k, v, s
 
@@ -329,13 +337,17 @@ def visible_step(
 def step_scores(
     q, qk_scale, c, kneed, g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
     D: tl.constexpr, PAGE: tl.constexpr, STEP: tl.constexpr, UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, GATHER: tl.constexpr = False,
 ):  # fmt: skip
-    """Step c's keys and values (zeros where not `kneed`), and the scores s = q k^T *
-    qk_scale of every row and key."""
+    """Step c's keys and values (zeros where not `kneed`; GATHER: `load_keys`' per-key
+    form), and the scores s = q k^T * qk_scale of every row and key."""
     k_base, v_base = K + g * k_stride_g, V + g * k_stride_g
-    k = load_keys(k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP)
-    v = load_keys(v_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP)
+    k = load_keys(
+        k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP, GATHER
+    )
+    v = load_keys(
+        v_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP, GATHER
+    )
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)

@@ -102,10 +102,11 @@ def part_step(
     sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
     D: tl.constexpr, STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_ROW: tl.constexpr,
+    ONE_ROW: tl.constexpr, GATHER: tl.constexpr,
 ):  # fmt: skip
     """`visible_step` of the part walk; with ONE_ROW (every tile of the call holds one
-    query: a plain decode step) its mask comes from `one_row_visibility`."""
+    query: a plain decode step) its mask comes from `one_row_visibility`, and GATHER picks
+    `load_keys`' per-key form."""
     if ONE_ROW:
         c, kpos = step_positions(i, step_ids, SPARSE, STEP)
         vis = one_row_visibility(
@@ -114,7 +115,7 @@ def part_step(
         )  # fmt: skip
         k, v, s = step_scores(
             q, qk_scale, c, kpos < hi, g, seq, K, V, k_stride_g, block_table, bt_stride,
-            k_stride_r, d, D, PAGE, STEP, UPCAST, PRECISION,
+            k_stride_r, d, D, PAGE, STEP, UPCAST, PRECISION, GATHER,
         )  # fmt: skip
     else:
         vis, k, v, s = visible_step(
@@ -141,6 +142,7 @@ def _attn_fwd_part(
     ONE_ROW: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     # SUB > 0 (one query per tile): the SUB slots that hold it (`tile_rows`, one warp)
+    GATHER: tl.constexpr = SUB > 0 and not SPARSE  # see `load_keys`
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP,
         SPARSE, STEP, SUB,
@@ -173,18 +175,18 @@ def _attn_fwd_part(
         vis0, k0, v0, s0 = part_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window,
             sel_bits, sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
-            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW)  # fmt: skip
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW, GATHER)  # fmt: skip
         vis1, k1, v1, s1 = part_step(
             i + 1, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window,
             sel_bits, sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
-            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW)  # fmt: skip
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW, GATHER)  # fmt: skip
         m, denom, acc = fold_step(m, denom, acc, vis0, v0, s0, PRECISION, UPCAST)
         m, denom, acc = fold_step(m, denom, acc, vis1, v1, s1, PRECISION, UPCAST)
     for i in range(a + (b - a) // 2 * 2, b):  # the odd step left, if any
         vis, k, v, s = part_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, qrow1, hi, g, window,
             sel_bits, sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
-            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW)  # fmt: skip
+            k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, ONE_ROW, GATHER)  # fmt: skip
         m, denom, acc = fold_step(m, denom, acc, vis, v, s, PRECISION, UPCAST)
     at = qrow * p_stride_n + head * p_stride_h + j
     tl.store(PM + at, m, mask=present)
