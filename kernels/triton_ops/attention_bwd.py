@@ -79,7 +79,7 @@ def _attn_bwd_dq(
     delta = tl.load(DELTA + qrow * h_all + head, mask=present, other=0.0)
     for i in range(first, last):
         vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits, sb_stride_n,
+            i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
             D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, not SPARSE)  # fmt: skip
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
@@ -150,8 +150,8 @@ def _attn_bwd_dkv(
         lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
         delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
         vis = row_visibility(
-            qpos, present, qrow, kpos, g, window, sel_bits, sb_stride_n, sb_stride_g, SPARSE, BLK,
-            STEP,
+            qpos, present, qrow, kpos, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
+            sb_stride_g, SPARSE, BLK, STEP,
         )  # fmt: skip
         vis = vis & kvalid[None, :]
         s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
@@ -198,7 +198,7 @@ def _block_mass(
     k_base = K + g * k_stride_g
     for i in range(first, last):
         c, kpos, vis, kneed = step_keys(
-            i, step_ids, qpos, present, qrow, hi, g, 0, sel_bits, sb_stride_n, sb_stride_g,
+            i, step_ids, qpos, present, qrow, lo, hi, g, 0, sel_bits, sb_stride_n, sb_stride_g,
             True, STEP, BLK,
         )  # fmt: skip
         k = load_keys(k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP)

@@ -119,7 +119,7 @@ def part_step(
         )  # fmt: skip
     else:
         vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, hi, g, window, sel_bits,
+            i, q, qk_scale, step_ids, qpos, present, qrow, qpos1, hi, g, window, sel_bits,  # qpos1 = lo
             sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
             k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION,
         )  # fmt: skip
