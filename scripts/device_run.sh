@@ -21,6 +21,9 @@
 #   count     benchmarks/count_decode_kernels.py (launches per block of a decode step; COUNT_ARGS)
 #   moe       the routed experts' decode kernels: their bitwise tests, then
 #             benchmarks/bench_moe_decode.py (against the grouped GEMM and the Triton tree; MOE_ARGS)
+#   ab        AB_CMD (a bench command) in the base tree _base/ and then in this one, one call:
+#             before/after on the same warm card (make _base with `git archive REV | tar -x -C
+#             _base`; it travels as untracked files); AB_TIMEOUT per tree
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
 #             wheels of pydantic, SQLAlchemy, alembic, jsonschema, ...; JOB_ARGS adds --set's)
 set -u
@@ -133,6 +136,13 @@ sys.exit(subprocess.run([bwrap_path(), '--unshare-all', '--die-with-parent', '--
       python3 -c "import sqlite3; c = sqlite3.connect('runs/ledger.db'); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" \
         && cp runs/ledger.db "$OUT/ledger.db" 2>/dev/null
       tail -n 30 /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | grep -v -i warn | tail -60 > "$OUT/ray-workers.log" ;;
+    ab)
+      if [ ! -d _base ] || [ -z "${AB_CMD:-}" ]; then echo "ab needs _base/ and AB_CMD"; continue; fi
+      for tree in _base .; do
+        echo "--- tree $tree"
+        (cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "${AB_TIMEOUT:-240}" bash -c "$AB_CMD") 2>&1 \
+          | tee -a "$OUT/ab.log" | grep -v Warning
+      done ;;
     *) echo "unknown step $step" ;;
   esac
 done
