@@ -476,17 +476,20 @@ def _attn_fwd(
     q = load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D, UPCAST)
     m, denom, acc = fresh_state(T * G, DP)
     mc, lc, accc = fresh_state(T * G, DP)
-    chunk = first * 0 - 1  # the softmax chunk whose state mc, lc, accc hold
+    # The first step of the chunk after the one whose state mc, lc, accc hold (-1: none
+    # yet). Steps ascend, so a step starts a new chunk exactly when it reaches this bound:
+    # the chunk rule runs once per chunk, not once per step.
+    bound = first * 0 - 1
     for i in range(first, last):
         if SPARSE:
             c = tl.load(step_ids + i)
         else:
             c = i
-        c_chunk = chunk_of(c * STEP, LOG_CHUNK, LOG_PER_OCTAVE)
-        if c_chunk != chunk:  # a new chunk: merge the last one, restart
+        if c >= bound:  # a new chunk: merge the last one, restart
             m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
             mc, lc, accc = fresh_state(T * G, DP)
-            chunk = c_chunk
+            c_chunk = chunk_of(c * STEP, LOG_CHUNK, LOG_PER_OCTAVE)
+            bound = chunk_first_step(c_chunk + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE)
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
