@@ -189,7 +189,9 @@ def row_visibility(
     else:
         # causal and inside the window: 0 <= qpos - kpos < window, one unsigned compare
         ahead = (qpos[:, None] - kpos[None, :]).to(tl.uint32, bitcast=True)
-        vis = present[:, None] & (ahead < window.to(tl.uint32))
+        # (a window of 1 reaches a kernel as the constant 1: Triton specialises it)
+        reach = (tl.full([], 0, tl.int32) + window).to(tl.uint32, bitcast=True)
+        vis = present[:, None] & (ahead < reach)
     return vis
 
 

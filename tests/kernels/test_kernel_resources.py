@@ -39,3 +39,19 @@ def test_the_narrow_head_walks_fit_the_register_cap(kernel: str, sparse: bool) -
     used = resources(KERNELS[kernel], 64, sparse)
     assert used.registers <= NARROW_HEAD_MAX_REGISTERS, used
     assert used.stack <= MAX_SPILL_BYTES, used
+
+
+def test_a_window_of_one_compiles() -> None:
+    """Triton specialises an integer argument equal to 1 to a constant, so a model whose
+    sliding window is 1 hands the SWA walk a constexpr `window`: the mask must not call a
+    tensor method on it (`window.to(...)` failed to compile, found offline)."""
+    from benchmarks.kernel_registers import DIVISIBLE, POINTERS, geometry
+    from rlsys.kernels.triton_ops.attention_fwd import chunk_constants
+    from rlsys.kernels.triton_ops.offline import compile_resources
+
+    constants = {**geometry(64, False), **chunk_constants(256), "HAS_GATE": False, "window": 1}
+    used = compile_resources(
+        "rlsys.kernels.triton_ops.attention_fwd:_attn_fwd", POINTERS, constants,
+        forward_launch(64), 90, DIVISIBLE,
+    )  # fmt: skip
+    assert used.registers > 0
