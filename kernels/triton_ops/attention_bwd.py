@@ -81,7 +81,7 @@ def _attn_bwd_dq(
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
-            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, not SPARSE)  # fmt: skip
+            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, GATHER=not SPARSE)  # fmt: skip
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
         dp = mma(do, tl.trans(v), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
@@ -150,7 +150,7 @@ def _attn_bwd_dkv(
         lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
         delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
         vis = row_visibility(
-            qpos, present, qrow, kpos, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
+            qpos, present, qrow, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, SPARSE, BLK, STEP,
         )  # fmt: skip
         vis = vis & kvalid[None, :]

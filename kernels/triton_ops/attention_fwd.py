@@ -28,7 +28,7 @@ Softmax chunks: the online softmax restarts at fixed key positions, the chunk bo
 and merges the chunk's state into the row's running state (`merge_state`, chunks
 ascending). Chunks are `chunk` (`SOFTMAX_CHUNK`) positions wide up to 2 * P * chunk (P =
 `CHUNKS_PER_OCTAVE`), then P to an octave: [2^o, 2^(o+1)) splits into P chunks of 2^o / P
-(`chunk_index`). Every width is a power of two of at least one step, so no step straddles a
+(`softmax_chunks`). Every width is a power of two of at least one step, so no step straddles a
 boundary; a row at position L crosses O(log L) boundaries past the first 2P, so a long
 context's scattered Sparse GQA selection does not pay a merge at nearly every step. A chunk
 a row sees nothing of merges as the identity, bitwise, so the split walk
@@ -36,6 +36,11 @@ a row sees nothing of merges as the identity, bitwise, so the split walk
 bits as this single walk; a decode call, whose tiles hold one row each, walks its chunks
 in parallel that way.
 Outputs: O (N, H, D) in q's dtype, LSE (N, H) fp32 in base 2 (for the backward).
+
+Why one file over 600 lines: the step's pieces here (visibility, loads, scores, the fold
+and the merge) are what every other walk is built from (`attention_split`, the backward,
+the block mass), and they must stay one definition for the walks to agree bitwise; the
+chunk rule lives in `softmax_chunks`.
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ from rlsys.kernels.triton_ops.common import (
     mma,
     next_pow2,
 )
+from rlsys.kernels.triton_ops.softmax_chunks import (
+    chunk_first_step,
+    chunk_index,
+    chunk_of,
+    log2_exact,
+    softmax_chunk,
+)
 
 LOG2E = 1.4426950408889634
 NEG_INIT = tl.constexpr(-1.0e30)
@@ -63,11 +75,8 @@ NEG_INIT = tl.constexpr(-1.0e30)
 RESCALE_SLACK = tl.constexpr(8.0)
 # Head dims (padded) from which `fold_step` keeps a slack reference and rescales only when
 # some row needs it (part of the numerics: a function of the model's head dim, like the
-# launch options). Offline sm_90 SASS, the step loop's common path per thread: at 128 the
-# rescale is 64 multiplies and skipping it saves 11% (Sparse GQA walk 394 -> 350
-# instructions, SWA 476 -> 438, the one-warp decode part walk 977 -> 924 per two steps);
-# at 64 it is half as long and the test costs as much (SWA walk 385 -> 400, one-warp SWA
-# part 855 -> 959), so smaller heads keep the exact running maximum.
+# launch options). Offline sm_90 SASS: at 128 skipping the 64 multiplies saves 11% of the
+# walk's step; at 64 the test costs as much as it saves (BENCHMARKS, kernel instructions).
 LAZY_RESCALE_MIN_DIM = tl.constexpr(128)
 
 # Launch options of the forward. Engine and trainer launch it alike (a program's reductions
@@ -97,70 +106,13 @@ SOFTMAX_CHUNK = 256
 CHUNKS_PER_OCTAVE = 8
 
 
-def _log2_exact(x: int, what: str) -> int:
-    if x < 1 or x & (x - 1):
-        raise ValueError(f"{what} must be a power of two, got {x}")
-    return x.bit_length() - 1
-
-
-def softmax_chunk(step: int, chunk: int) -> int:
-    """The base chunk width for a walk of `step`-key steps: a power of two, at least a step."""
-    _log2_exact(chunk, "softmax chunk")
-    _log2_exact(step, "key step")
-    return max(chunk, step)
-
-
-def chunk_index(pos: int, chunk: int, per_octave: int) -> int:
-    """The softmax chunk key position `pos` lies in (host twin of the kernels' `chunk_of`)."""
-    log_c, log_p = _log2_exact(chunk, "softmax chunk"), _log2_exact(per_octave, "chunks per octave")
-    if pos < per_octave << log_c:
-        return pos >> log_c
-    o = pos.bit_length() - 1
-    return per_octave * (o - log_c - log_p) + (pos >> (o - log_p))
-
-
-def chunk_start(j: int, chunk: int, per_octave: int) -> int:
-    """The first key position of softmax chunk `j` (host twin of the kernels' `chunk_first`)."""
-    log_c = _log2_exact(chunk, "softmax chunk")
-    if j < per_octave:
-        return j << log_c
-    return (per_octave + j % per_octave) << (log_c + j // per_octave - 1)
-
-
-@triton.jit
-def chunk_of(pos, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):
-    """The softmax chunk of key position `pos` (int scalar or tensor; see `chunk_index`)."""
-    pos = tl.full([], 0, tl.int64) + pos  # a loop index may be a Python int (interpreter)
-    # floor(log2(pos)) from the exponent of an exact fp64 image (exact below 2^53)
-    o = (pos.to(tl.float64).to(tl.int64, bitcast=True) >> 52) - 1023
-    o = tl.maximum(o, LOG_CHUNK + LOG_PER_OCTAVE)  # small positions: the flat branch below
-    octave = ((o - LOG_CHUNK - LOG_PER_OCTAVE) << LOG_PER_OCTAVE) + (pos >> (o - LOG_PER_OCTAVE))
-    flat = pos >> LOG_CHUNK
-    return tl.where(pos < (1 << (LOG_CHUNK + LOG_PER_OCTAVE)), flat, octave).to(tl.int32)
-
-
-@triton.jit
-def chunk_first(j, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):
-    """The first key position of softmax chunk `j` (see `chunk_start`)."""
-    j = tl.full([], 0, tl.int64) + j
-    PER: tl.constexpr = 1 << LOG_PER_OCTAVE
-    shift = LOG_CHUNK + tl.maximum(j >> LOG_PER_OCTAVE, 1) - 1
-    return tl.where(j < PER, j << LOG_CHUNK, (PER + (j & (PER - 1))) << shift)
-
-
-@triton.jit
-def chunk_first_step(j, STEP: tl.constexpr, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr):
-    """The first `STEP`-key step of softmax chunk `j` (chunks are whole steps)."""
-    return (chunk_first(j, LOG_CHUNK, LOG_PER_OCTAVE) // STEP).to(tl.int32)
-
-
 @triton.jit
 def row_visibility(
-    qpos, present, qrow, kpos, k0, lo, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
+    qpos, present, qrow, k0, lo, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
     SPARSE: tl.constexpr, BLK: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
-    """(M, STEP) bool: row (a query at qpos, present in this call) sees key kpos; the step's
-    keys are kpos = k0 + [0, STEP), the tile's present positions [lo, hi).
+    """(M, STEP) bool: row (a query at qpos, present in this call) sees key kpos of the
+    step's keys kpos = k0 + [0, STEP); the tile's present positions are [lo, hi).
 
     Sparse GQA: most steps of a prefill walk lie wholly before the tile's first query's
     block: there every present row's causal test passes and no key is in a row's own
@@ -168,6 +120,7 @@ def row_visibility(
     run only near the diagonal. SWA: the causal and window tests are one unsigned compare
     per key (a branch like Sparse GQA's cost the forward walk more than it saved). The
     same masks, fewer instructions per step."""
+    kpos = k0 + tl.arange(0, STEP)
     if SPARSE:
         # A step (STEP aligned positions, STEP <= 32 * BLK, powers of two) lies in one 32-bit
         # word of each row's bitmap: one load per row, not one per (row, key).
@@ -244,10 +197,9 @@ def load_keys(
     sequence's end: the entry exists), and its keys are consecutive pool rows: an address
     is the step's first row plus a loop-invariant offset, not a gathered page row and a
     64-bit multiply per key (the decode walk is bound by instruction issue). GATHER: the
-    per-key form, where the offsets cost more than they save (sm_90 SASS, offline): the SWA
-    part walk on one warp (its spills grew 72 -> 128 bytes at head dim 64, 160 -> 256 at
-    128, for no fewer instructions) and the SWA dq walk (350 -> 387 instructions per step at
-    64, predicates spilled). The same values either way."""
+    per-key form, where the offsets cost more than they save in offline sm_90 SASS (the
+    SWA part walk on one warp spilled more, the SWA dq walk spilled predicates). The same
+    values either way."""
     first = c * STEP
     if GATHER:
         kpos = first + tl.arange(0, STEP)
@@ -308,8 +260,8 @@ def step_keys(
     sees changes no value: its score is masked to -inf, p = 0, and p * v is a zero."""
     c, kpos = step_positions(i, step_ids, SPARSE, STEP)
     vis = row_visibility(
-        qpos, present, qrow, kpos, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
-        sb_stride_g, SPARSE, BLK, STEP,
+        qpos, present, qrow, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n, sb_stride_g,
+        SPARSE, BLK, STEP,
     )  # fmt: skip
     kneed = kpos < hi
     return c, kpos, vis, kneed
@@ -599,8 +551,8 @@ SPLIT_ONE_WARP = True
 def chunk_constants(chunk: int) -> dict[str, int]:
     """The kernels' constexprs for the chunk rule: log2 of the base width and of P."""
     return {
-        "LOG_CHUNK": _log2_exact(chunk, "softmax chunk"),
-        "LOG_PER_OCTAVE": _log2_exact(CHUNKS_PER_OCTAVE, "chunks per octave"),
+        "LOG_CHUNK": log2_exact(chunk, "softmax chunk"),
+        "LOG_PER_OCTAVE": log2_exact(CHUNKS_PER_OCTAVE, "chunks per octave"),
     }
 
 

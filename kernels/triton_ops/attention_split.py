@@ -35,8 +35,6 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     NEG_INIT,
     chunk_constants,
-    chunk_first_step,
-    chunk_of,
     finish_rows,
     fold_step,
     forward_launch,
@@ -51,6 +49,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     visible_step,
 )
 from rlsys.kernels.triton_ops.common import dot_precision, interpreting, next_pow2
+from rlsys.kernels.triton_ops.softmax_chunks import chunk_first_step, chunk_of
 
 # step ids counted per vector load when a program looks for its chunk in a CSR list
 SCAN = 128

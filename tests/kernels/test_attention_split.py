@@ -33,15 +33,17 @@ import triton.language as tl  # noqa: E402
 from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     attention_forward,
-    chunk_first,
-    chunk_index,
-    chunk_of,
-    chunk_start,
     forward_launch,
     one_query_slots,
     splits_chunks,
 )
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
+from rlsys.kernels.triton_ops.softmax_chunks import (  # noqa: E402
+    chunk_first,
+    chunk_index,
+    chunk_of,
+    chunk_start,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 H, HKV, D, BLK, IDX, KSEL, WINDOW, T, CHUNK = 4, 2, 8, 2, 8, 3, 45, 16, 32
