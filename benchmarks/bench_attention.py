@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if "--smoke" in sys.argv:  # before triton loads: it picks its driver on import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
 from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
 from rlsys.kernels.triton_ops.attention import AttentionShape, packed_attention  # noqa: E402
@@ -44,7 +45,6 @@ from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa:
 
 H, HKV, D, B, IDX, W = 16, 4, 128, 8, 64, 512
 T, PAGE, SPARSE_STEP, SWA_STEP = 16, 64, 16, 32
-HBM_TBPS = 4.8
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
@@ -269,10 +269,10 @@ def decode(args: argparse.Namespace, dev: str) -> dict[str, float]:
         "ms": ms,
         "gpu_ms": gpu_ms,
         "gbps": must_read / (gpu_ms * 1e-3) / 1e9,
-        "hbm_util": must_read / (gpu_ms * 1e-3) / (HBM_TBPS * 1e12),
+        "hbm_util": must_read / (gpu_ms * 1e-3) / device_peak().hbm_bytes_per_s,
         "swa_ms": swa_ms,
         "swa_gpu_ms": swa_gpu_ms,
-        "swa_hbm_util": swa_read / (swa_gpu_ms * 1e-3) / (HBM_TBPS * 1e12),
+        "swa_hbm_util": swa_read / (swa_gpu_ms * 1e-3) / device_peak().hbm_bytes_per_s,
     }
 
 
@@ -365,6 +365,7 @@ def main() -> None:
         f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}"
         f" ({args.per_octave} per octave), split {args.split}"
     )
+    print(describe(device_peak()))
 
     def prefill() -> None:
         print(

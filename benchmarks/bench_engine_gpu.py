@@ -53,6 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_engine import plain_kernels  # noqa: E402
+from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from benchmarks.engine_gc_pauses import Pauses  # noqa: E402
 from benchmarks.kernel_count import count_launches  # noqa: E402
 from rlsys.config.engine import EngineConfig  # noqa: E402
@@ -273,11 +274,17 @@ def run(
         "gap_ms": gaps[len(gaps) // 2] if gaps else 0.0,
         # every timed step: a pipelined step's wall time alternates around the GPU's period
         "mean_tok_s": tokens / decode_s if decode_s else 0.0,
-        "hbm": step_bytes(model, batch, prompt_len) / step_times[len(step_times) // 2] / 4.8e12
+        "hbm": step_bytes(model, batch, prompt_len)
+        / step_times[len(step_times) // 2]
+        / device_peak().hbm_bytes_per_s
         if step_times
         else 0.0,
         # a whole-batch step's bytes per batch-token over the tokens of every timed step
-        "mean_hbm": step_bytes(model, batch, prompt_len) * tokens / batch / decode_s / 4.8e12
+        "mean_hbm": step_bytes(model, batch, prompt_len)
+        * tokens
+        / batch
+        / decode_s
+        / device_peak().hbm_bytes_per_s
         if decode_s
         else 0.0,
     }
@@ -321,6 +328,7 @@ def main() -> None:
         f"({model.num_parameters(active=True):,} active), {cfg.compute_dtype}; "
         f"{torch.cuda.get_device_name()}"
     )
+    print(describe(device_peak()))
     print(
         "\n| kernels | TP | reduction | graphs | batch | context | decode tokens/s (median step) "
         "| tokens/s (all steps) | step ms: mean (median / max) | forward share | GPU ms (graph) "

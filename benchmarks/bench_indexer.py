@@ -29,7 +29,6 @@ if "--smoke" in sys.argv:  # before Triton is imported: the interpreter is chose
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchmarks.bench_attention import (  # noqa: E402
-    HBM_TBPS,
     HKV,
     PAGE,
     SPARSE_STEP,
@@ -38,6 +37,7 @@ from benchmarks.bench_attention import (  # noqa: E402
     index_inputs,
     timed,
 )
+from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import (  # noqa: E402
     Selection,
@@ -99,6 +99,7 @@ def main() -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(f"device: {name}; torch {torch.__version__}; k = {args.topk} tokens, B = {B}")
+    print(describe(device_peak()))
     print("\n| tokens | indexer ms | kernel | kernel ms | share | score-buffer HBM floor ms |")
     print("|---:|---:|---|---:|---:|---:|")
     selections: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -108,7 +109,7 @@ def main() -> None:
         if kept is not None:
             selections[length] = kept
         # the fp32 scores of every (query, group, past block), written once and read once
-        floor = 2 * length * HKV * (length / B / 2) * 4 / (HBM_TBPS * 1e12) * 1e3
+        floor = 2 * length * HKV * (length / B / 2) * 4 / device_peak().hbm_bytes_per_s * 1e3
         print(f"| {length} | {total:.2f} | (all) | | | {floor:.2f} |")
         busy = sum(per.values()) or 1.0
         for kname, ms in sorted(per.items(), key=lambda kv: -kv[1])[:6]:

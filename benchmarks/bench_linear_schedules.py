@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.kernels.triton_ops.linear import column_chunks, linear_fwd  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12
 # medium: q/o 512x512, k/v 128x512, expert 256x512; large: 1024x1024, 256x1024, 512x1024;
 # both LM heads (320 byte-level tokens)
 DEFAULT_SHAPES = "512x512,128x512,1024x1024,256x1024,512x1024,320x1024"
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, bf16, per call in a CUDA graph")
+    print(describe(device_peak()))
     print(
         "\n| weight N x K | tree | rows | cuBLAS us | serial us | split us | auto us | tax | auto HBM |"
     )
@@ -87,7 +88,7 @@ def main() -> None:
             for key in totals:
                 totals[key] += t[key]
             moved = 2 * (n * k + m * k + m * n)
-            hbm = moved / (t["auto"] * 1e-6) / HBM_BYTES_PER_S
+            hbm = moved / (t["auto"] * 1e-6) / device_peak().hbm_bytes_per_s
             print(
                 f"| {n} x {k} | {column_chunks(k)} | {m} | {t['blas']:.1f} | {t['serial']:.1f} "
                 f"| {t['split']:.1f} | {t['auto']:.1f} | {t['auto'] / t['blas'] - 1:+.0%} "

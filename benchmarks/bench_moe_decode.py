@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_linear_schedules import graph_us  # noqa: E402
+from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
 from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
 from rlsys.kernels.triton_ops import moe_route as mr  # noqa: E402
@@ -35,7 +36,6 @@ from rlsys.kernels.triton_ops.grouped_decode import (  # noqa: E402
 from rlsys.kernels.triton_ops.partials import partial_products  # noqa: E402
 from rlsys.kernels.triton_ops.products import cublas_grouped_swiglu, grouped_mm  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12
 CONFIGS = [
     lin.TileConfig(bn, bk, warps, stages)
     for bn, bk, warps, stages in [
@@ -46,7 +46,7 @@ CONFIGS = [
 
 
 def hbm(moved: int, us: float) -> str:
-    return f"{moved / (us * 1e-6) / HBM_BYTES_PER_S:.0%}"
+    return f"{moved / (us * 1e-6) / device_peak().hbm_bytes_per_s:.0%}"
 
 
 def main() -> None:
@@ -68,6 +68,7 @@ def main() -> None:
     w13t = w13s.transpose(1, 2)
     w2t = w2.transpose(1, 2)
     print(f"device: {torch.cuda.get_device_name()}, {args.preset}: E={e} k={k} H={h} d={d}, bf16")
+    print(describe(device_peak()))
     print("\n| tokens | rows | experts touched | product | implementation | us | HBM |")
     print("|---:|---:|---:|---|---|---:|---:|")
     for n in (int(b) for b in args.batches.split(",")):

@@ -18,8 +18,8 @@ steps (the best is shown), then one step under the torch profiler for the GPU-bu
 FLOPs per token = 6 x active parameters in matrix products (routed top-k + shared experts,
 projections, index projections, LM head) + attention: 12 x heads x head_dim x keys seen per
 layer (the SWA window, or Sparse GQA's selected top-k keys) + the indexer's block scores
-(6 x groups x index_dim x past blocks). MFU = model FLOPs / step time / 989 TFLOP/s (the
-H200's dense bf16 peak); recomputation under checkpointing is not counted as useful work.
+(6 x groups x index_dim x past blocks). MFU = model FLOPs / step time / the card's dense bf16
+peak (`device_peaks`: 989 TFLOP/s on the H200 and the H100 SXM); recomputation under checkpointing is not counted as useful work.
 `--pack 2` packs both sequences into one micro-batch (`micro_batch_tokens` = 2 x length)
 instead of one each: half the launches per token, where the host bounds the step.
 """
@@ -40,6 +40,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.config.algo import AlgoConfig  # noqa: E402
 from rlsys.config.job import TrainerSection  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
@@ -48,7 +49,7 @@ from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
 from rlsys.trainer import Trainer  # noqa: E402
 from rlsys.trajectory import Segment, Trajectory  # noqa: E402
 
-PROMPT, CANDIDATES, PEAK_FLOPS = 256, 64, 989e12
+PROMPT, CANDIDATES = 256, 64
 
 
 def model_flops(model: Transformer, length: int) -> float:
@@ -141,7 +142,7 @@ def one(
     return {
         "tok_s": tokens / best,
         "step_s": best,
-        "mfu": 2 * model_flops(model, length) / best / PEAK_FLOPS,
+        "mfu": 2 * model_flops(model, length) / best / device_peak().bf16_flops,
         "busy": kernel_s / wall,
         "peak_gib": peak,
     }
@@ -188,6 +189,7 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}; 2 sequences per step, {args.pack} per micro-batch, "
         "replay on, chunked LM head"
     )
+    print(describe(device_peak()))
     modes = args.linear.split(",")
     rows: dict[str, list[dict]] = {mode: [] for mode in modes}
     for length in args.lengths.split(","):  # each length for every mode before the next
