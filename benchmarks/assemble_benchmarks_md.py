@@ -56,6 +56,7 @@ ORDER = [
     "gpu_host_off_path",
     "gpu_decode_moe",
     "job_ends",
+    "gpu_h100_two_sessions",
     "ci_time",
 ]
 
