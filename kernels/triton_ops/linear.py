@@ -370,19 +370,12 @@ def expert_tiles(counts: Tensor, max_tiles: int) -> tuple[Tensor, Tensor, Tensor
     """Tile table for rows sorted by expert: per tile (expert, first row, rows in tile).
 
     `max_tiles` >= cdiv(total, BM) + E bounds the grid without reading counts on the host
-    (no device sync); surplus tiles get 0 rows and write nothing.
+    (no device sync); surplus tiles get 0 rows and write nothing. One launch
+    (`expert_plan`, which also gives the offsets and the experts without rows).
     """
-    dev = counts.device
-    per_expert = (counts + BM - 1) // BM
-    tile_end = torch.cumsum(per_expert, 0)  # first tile of the next expert
-    first_row = torch.cumsum(counts, 0) - counts
-    idx = torch.arange(max_tiles, device=dev)
-    expert = torch.searchsorted(tile_end, idx, right=True).clamp_max(counts.shape[0] - 1)
-    j = idx - (tile_end - per_expert)[expert]
-    rows = torch.clamp(counts[expert] - j * BM, min=0, max=BM)
-    rows = torch.where(idx < tile_end[-1], rows, 0)
-    row0 = first_row[expert] + j * BM
-    return expert.to(torch.int32), row0.to(torch.int32), rows.to(torch.int32)
+    from rlsys.kernels.triton_ops.expert_plan import expert_plan
+
+    return expert_plan(counts, max_tiles, BM)[0]
 
 
 def swiglu_fwd(

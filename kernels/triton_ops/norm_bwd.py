@@ -63,7 +63,9 @@ def rms_norm_bwd(x: Tensor, gamma: Tensor, g: Tensor, eps: float) -> tuple[Tenso
     per = max(1, ROW_ELEMENTS // block)
     programs = max(1, min(triton.cdiv(n, per), 4 if interpreting() else PROGRAMS))
     rows_per_program = triton.cdiv(triton.cdiv(n, programs), per) * per
-    partial = torch.zeros(programs, d, dtype=torch.float32, device=x.device)
+    # every program stores its whole partial row (0 where it has no rows): no fill launch
+    alloc = torch.empty if n else torch.zeros
+    partial = alloc(programs, d, dtype=torch.float32, device=x.device)
     if n:
         _rms_norm_bwd[(programs,)](
             rows, grads, gamma, dx, partial, n, d, rows.stride(0), grads.stride(0), dx.stride(0),

@@ -287,12 +287,13 @@ class MoE(nn.Module):
 
     def _grouped(self, x_sorted: Tensor, counts: Tensor) -> Tensor:
         from rlsys.kernels.triton_ops.autograd import GroupedSwiGLU, GroupedTree
-        from rlsys.kernels.triton_ops.linear import BM, expert_tiles
+        from rlsys.kernels.triton_ops.expert_plan import expert_plan
+        from rlsys.kernels.triton_ops.linear import BM
 
         max_tiles = -(-x_sorted.shape[0] // BM) + self.cfg.n_experts
-        tiles = expert_tiles(counts, max_tiles)
-        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # on the device, never read
-        empty = counts == 0  # experts whose weight gradients must be exactly 0
+        # one launch: the tile table, the offsets (on the device, never read) and the
+        # experts whose weight gradients must be exactly 0
+        tiles, offsets, empty = expert_plan(counts, max_tiles, BM)
         hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, offsets, tiles, empty)
         chunks = self.row_parallel.chunks
         return GroupedTree.apply(hidden, self.w2, offsets, tiles, chunks, empty)
