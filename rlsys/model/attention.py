@@ -136,9 +136,11 @@ class AttentionProjections(nn.Module):
 
 
 class _ColumnParts(torch.autograd.Function):
-    """Column slices of one product as one autograd node. Its backward writes every part's
-    gradient into one zero-filled tensor of the product's shape: one fill and a copy per
-    part, where a slice per part would fill a full-size tensor each and add them up."""
+    """Column slices of one product as one autograd node. Its backward concatenates the
+    parts' gradients with zero blocks for the padding (one launch and a fill per gap) when
+    every part has one, else writes them into one zero-filled tensor of its shape (one fill
+    and a copy per part), where a slice per part would fill a full-size tensor each and add
+    them up."""
 
     @staticmethod
     def forward(ctx: Any, y: Tensor, parts: tuple[tuple[int, int], ...]) -> tuple[Tensor, ...]:
@@ -151,11 +153,35 @@ class _ColumnParts(torch.autograd.Function):
         given = [g for g in grads if g is not None]
         if not given:
             return None, None
+        if len(given) == len(grads) and _ascending(ctx.parts):
+            # one concatenation, zeros only for the padding between and after the parts
+            return torch.cat(_with_padding(given, ctx.parts, ctx.shape[1]), dim=1), None
         full = given[0].new_zeros(ctx.shape)
         for (start, width), g in zip(ctx.parts, grads, strict=True):
             if g is not None:
                 full[:, start : start + width] = g
         return full, None
+
+
+def _ascending(parts: tuple[tuple[int, int], ...]) -> bool:
+    """Whether the parts follow each other left to right without overlapping."""
+    ends = [start + width for start, width in parts]
+    return all(parts[i + 1][0] >= ends[i] for i in range(len(parts) - 1))
+
+
+def _with_padding(
+    grads: list[Tensor], parts: tuple[tuple[int, int], ...], width: int
+) -> list[Tensor]:
+    """The parts' gradients in column order, with zero blocks for the columns no part has."""
+    pieces, end = [], 0
+    for (start, w), g in zip(parts, grads, strict=True):
+        if start > end:
+            pieces.append(g.new_zeros(g.shape[0], start - end))
+        pieces.append(g)
+        end = start + w
+    if width > end:
+        pieces.append(grads[0].new_zeros(grads[0].shape[0], width - end))
+    return pieces
 
 
 def column_parts(y: Tensor, parts: tuple[tuple[int, int], ...]) -> tuple[Tensor, ...]:
