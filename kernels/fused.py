@@ -42,13 +42,14 @@ def partials_ok(x: Tensor) -> bool:
     return fusable(x)
 
 
-def sigmoid(x: Tensor) -> Tensor:
-    """fp32 sigmoid; on the Triton path the kernel the fused epilogues share."""
+def sigmoid(x: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:
+    """fp32 sigmoid rounded to `out_dtype`; on the Triton path the kernel the fused
+    epilogues share, its rounding inside the one autograd node."""
     if not use_triton(x):
-        return reference.sigmoid(x)
+        return reference.sigmoid(x).to(out_dtype)
     from rlsys.kernels.triton_ops.elementwise import Sigmoid
 
-    return Sigmoid.apply(x)
+    return Sigmoid.apply(x, out_dtype)
 
 
 def rms_norm_to(x: Tensor, gamma: Tensor, eps: float, dtype: torch.dtype) -> Tensor:

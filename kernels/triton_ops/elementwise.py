@@ -45,16 +45,18 @@ def sigmoid_fwd(x: Tensor) -> Tensor:
 
 
 class Sigmoid(torch.autograd.Function):
-    """`sigmoid_fwd` forward (bitwise the fused epilogues' sigmoid), torch backward."""
+    """`sigmoid_fwd` forward (bitwise the fused epilogues' sigmoid), rounded to `out_dtype`
+    inside the node (no cast node of its own); torch backward from the fp32 values."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[no-untyped-def, override]
+    def forward(ctx, x: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:  # type: ignore[no-untyped-def, override]
         y = sigmoid_fwd(x)
         ctx.save_for_backward(y)
         ctx.in_dtype = x.dtype
-        return y
+        return y.to(out_dtype)
 
     @staticmethod
-    def backward(ctx, g: Tensor) -> Tensor:  # type: ignore[no-untyped-def, override]
+    def backward(ctx, g: Tensor) -> tuple[Tensor, None]:  # type: ignore[no-untyped-def, override]
         (y,) = ctx.saved_tensors
-        return torch.ops.aten.sigmoid_backward(g, y).to(ctx.in_dtype)  # one kernel
+        # one kernel; a bf16 upstream gradient is promoted exactly to fp32 inside it
+        return torch.ops.aten.sigmoid_backward(g, y).to(ctx.in_dtype), None

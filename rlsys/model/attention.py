@@ -83,7 +83,7 @@ class AttentionProjections(nn.Module):
         k = yk.reshape(n, cfg.n_kv_groups, hd)
         # contiguous: the attention kernels read v with k's strides
         v = yv.reshape(n, cfg.n_kv_groups, hd).contiguous()
-        gate = fused.sigmoid(yg).to(y.dtype)
+        gate = fused.sigmoid(yg, y.dtype)
         rot_q, rot_k = (
             apply_rope(q, positions, cfg.rope_theta),
             apply_rope(k, positions, cfg.rope_theta),

@@ -73,6 +73,20 @@ def test_the_sigmoid_node_s_gradient_is_torch_s(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=1e-6, rtol=1e-5)
 
 
+def test_the_sigmoid_node_rounds_to_its_output_dtype_inside_itself() -> None:
+    # the attention gate's form: fp32 logits, a bf16 gate, one node (no cast node)
+    from rlsys.kernels.triton_ops.elementwise import Sigmoid
+
+    x = (_rand(4, 300) * 4).requires_grad_()
+    y = Sigmoid.apply(x, torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and "Sigmoid" in type(y.grad_fn).__name__
+    assert torch.equal(y, sigmoid_fwd(x.detach()).to(torch.bfloat16))
+    up = _rand(4, 300, seed=1).to(torch.bfloat16)
+    (got,) = torch.autograd.grad(y, x, up)
+    (want,) = torch.autograd.grad(torch.sigmoid(x).to(torch.bfloat16), x, up)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
 def _fused(w: dict[str, torch.Tensor], names: list[str]) -> tuple[torch.Tensor, list[int]]:
     """The parts on 64-row boundaries, as `rlsys.model.fused_weights` lays them out."""
     from rlsys.model.fused_weights import fuse_rows
