@@ -85,9 +85,8 @@ def main() -> None:
     for _ in range(args.calls):
         call()
     torch.cuda.synchronize()
-    print(
-        f"{args.target}: {args.calls} calls, sparse step {SPARSE_STEP}, kernel {KERNELS[args.target]}"
-    )
+    kernel = KERNELS[args.target]
+    print(f"{args.target}: {args.calls} calls, sparse step {SPARSE_STEP}, kernel {kernel}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,9 @@ class Sigmoid(torch.autograd.Function):
     inside the node (no cast node of its own); torch backward from the fp32 values."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:  # type: ignore[no-untyped-def, override]
+    def forward(  # type: ignore[no-untyped-def, override]
+        ctx, x: Tensor, out_dtype: torch.dtype = torch.float32
+    ) -> Tensor:
         y = sigmoid_fwd(x)
         ctx.save_for_backward(y)
         ctx.in_dtype = x.dtype
