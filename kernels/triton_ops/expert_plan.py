@@ -8,9 +8,9 @@ From `counts` (E,) rows per expert (rows sorted by expert), one program writes:
   `torch._grouped_mm` and the backward take;
 - `empty` (E,) bool: experts without rows (their weight gradients must be exactly 0).
 
-Invariant: the same integers as `expert_tiles_reference` (searchsorted over the tile ends,
-the torch form the trainer ran before), surplus tiles included, so every kernel that reads
-the table is unchanged. It replaces that form's ~13 small torch ops per MoE layer and
+Invariant: the same integers as the torch form the trainer ran before (a searchsorted over
+the tile ends; `tests/kernels/test_expert_plan.py` keeps it as the oracle), surplus tiles
+included, so every kernel that reads the table is unchanged. It replaces that form's ~13 small torch ops per MoE layer and
 micro-batch (each a launch and a dispatch the trainer's host pays for) with one launch.
 """
 
@@ -75,20 +75,3 @@ def expert_plan(
         EP=next_pow2(e, 2), CH=TILE_CHUNK, BM=bm,
     )  # fmt: skip
     return tiles, offsets, empty  # type: ignore[return-value]
-
-
-def expert_tiles_reference(
-    counts: Tensor, max_tiles: int, bm: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The tile table in torch ops (the form `expert_plan` replaces; the tests' oracle)."""
-    dev = counts.device
-    per_expert = (counts + bm - 1) // bm
-    tile_end = torch.cumsum(per_expert, 0)  # first tile of the next expert
-    first_row = torch.cumsum(counts, 0) - counts
-    idx = torch.arange(max_tiles, device=dev)
-    expert = torch.searchsorted(tile_end, idx, right=True).clamp_max(counts.shape[0] - 1)
-    j = idx - (tile_end - per_expert)[expert]
-    rows = torch.clamp(counts[expert] - j * bm, min=0, max=bm)
-    rows = torch.where(idx < tile_end[-1], rows, 0)
-    row0 = first_row[expert] + j * bm
-    return expert.to(torch.int32), row0.to(torch.int32), rows.to(torch.int32)

@@ -33,6 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting, mma
+from rlsys.kernels.triton_ops.expert_plan import expert_plan
 
 BM = 64  # rows per tile: fixed for every M (the grouped tile table uses it too)
 
@@ -373,8 +374,6 @@ def expert_tiles(counts: Tensor, max_tiles: int) -> tuple[Tensor, Tensor, Tensor
     (no device sync); surplus tiles get 0 rows and write nothing. One launch
     (`expert_plan`, which also gives the offsets and the experts without rows).
     """
-    from rlsys.kernels.triton_ops.expert_plan import expert_plan
-
     return expert_plan(counts, max_tiles, BM)[0]
 
 

@@ -9,14 +9,27 @@ import torch
 
 pytest.importorskip("triton")
 
-from rlsys.kernels.triton_ops.expert_plan import (  # noqa: E402
-    TILE_CHUNK,
-    expert_plan,
-    expert_tiles_reference,
-)
+from rlsys.kernels.triton_ops.expert_plan import TILE_CHUNK, expert_plan  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BM = 64
+
+
+def expert_tiles_reference(
+    counts: torch.Tensor, max_tiles: int, bm: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tile table in torch ops: the form `expert_plan` replaced (the oracle)."""
+    dev = counts.device
+    per_expert = (counts + bm - 1) // bm
+    tile_end = torch.cumsum(per_expert, 0)  # first tile of the next expert
+    first_row = torch.cumsum(counts, 0) - counts
+    idx = torch.arange(max_tiles, device=dev)
+    expert = torch.searchsorted(tile_end, idx, right=True).clamp_max(counts.shape[0] - 1)
+    j = idx - (tile_end - per_expert)[expert]
+    rows = torch.clamp(counts[expert] - j * bm, min=0, max=bm)
+    rows = torch.where(idx < tile_end[-1], rows, 0)
+    row0 = first_row[expert] + j * bm
+    return expert.to(torch.int32), row0.to(torch.int32), rows.to(torch.int32)
 
 
 @pytest.mark.parametrize(
