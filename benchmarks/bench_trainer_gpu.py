@@ -3,7 +3,7 @@ sequences, with the invariant products and with every product on plain cuBLAS (t
 
 Usage (GPU machine): python benchmarks/bench_trainer_gpu.py [--preset large]
     [--lengths 8192,32768] [--checkpointing off,on] [--repeat 2] [--linear invariant,plain]
-    [--pack 1]
+    [--pack 1] [--graphs off,on]
 
 Per sequence length and linear mode (`rlsys.kernels.triton_ops.products`: `invariant` is the
 engine's forward, `plain` every product on cuBLAS / grouped GEMM with its default
@@ -112,7 +112,7 @@ def gpu_busy(step: Callable[[], object]) -> tuple[float, float]:
 
 
 def one(
-    model: Transformer, length: int, checkpointing: bool, repeat: int, pack: int
+    model: Transformer, length: int, checkpointing: bool, repeat: int, pack: int, graphs: bool
 ) -> dict[str, float]:
     torch.manual_seed(0)
     trajs = [trajectory(model, length), trajectory(model, length)]
@@ -123,10 +123,11 @@ def one(
         lm_head_chunk=1024,
         micro_batch_tokens=pack * length,
         activation_checkpointing=checkpointing,
+        cuda_graphs=graphs,
         mismatch_rollouts=0,
     )
     trainer = Trainer(model, section, AlgoConfig(max_staleness=10**6))
-    trainer.train_step(trajs)  # warm-up: compiles every kernel
+    trainer.train_step(trajs)  # warm-up: compiles every kernel (and captures the graphs)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times = []
@@ -155,16 +156,23 @@ def run_mode(args: argparse.Namespace) -> None:
     with torch.device("cuda"):
         model = Transformer(cfg)
     for length in (int(x) for x in args.lengths.split(",")):
-        for ckpt in args.checkpointing.split(","):
-            row: dict[str, object] = {"length": length, "ckpt": ckpt}
+        for ckpt, graphs in settings(args.checkpointing, args.graphs):
+            row: dict[str, object] = {"length": length, "ckpt": ckpt, "graphs": graphs}
             try:
                 model.set_activation_checkpointing(ckpt == "on")
-                row.update(one(model, length, ckpt == "on", args.repeat, args.pack))
+                row.update(one(model, length, ckpt == "on", args.repeat, args.pack, graphs == "on"))
             except torch.OutOfMemoryError:
                 row["oom"] = True
+            model.set_trunk_graphs(False)  # frees the captured graphs' memory pool
             model.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
             print("ROW " + json.dumps(row), flush=True)
+
+
+def settings(checkpointing: str, graphs: str) -> list[tuple[str, str]]:
+    """(checkpointing, graphs) pairs to run; graphs exclude checkpointing (the config says)."""
+    pairs = [(c, g) for c in checkpointing.split(",") for g in graphs.split(",")]
+    return [(c, g) for c, g in pairs if not (c == "on" and g == "on")]
 
 
 def main() -> None:
@@ -175,6 +183,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--linear", default="invariant,plain", help="comma list of linear modes")
     p.add_argument("--pack", type=int, default=1, help="sequences per micro-batch (1 or 2)")
+    p.add_argument("--graphs", default="off", help="comma list: trunk as CUDA graphs off / on")
     p.add_argument("--child", action="store_true", help="run one mode in this process")
     args = p.parse_args()
     if args.child:
@@ -199,7 +208,7 @@ def main() -> None:
             env["RLSYS_LINEAR"] = mode
             cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--lengths",
                    length, "--checkpointing", args.checkpointing, "--repeat", str(args.repeat),
-                   "--pack", str(args.pack)]  # fmt: skip
+                   "--pack", str(args.pack), "--graphs", args.graphs]  # fmt: skip
             # streamed: a call cut off by its time limit still shows the rows it measured
             child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
             assert child.stdout is not None
@@ -210,18 +219,22 @@ def main() -> None:
             if child.wait():
                 print(f"[{mode}: exit {child.returncode}]", flush=True)
     anchor = modes[-1]
-    head = "| tokens/seq | activation ckpt | linear | tokens/s | step s | MFU | GPU busy | peak GiB"
-    print(f"\n{head} | vs {anchor} |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    head = "| tokens/seq | activation ckpt | graphs | linear | tokens/s | step s | MFU | GPU busy"
+    print(f"\n{head} | peak GiB | vs {anchor} |")
+    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
     for mode in modes:
         for i, r in enumerate(rows[mode]):
             if r.get("oom"):
-                print(f"| {r['length']} | {r['ckpt']} | {mode} | out of memory | | | | | |")
+                print(
+                    f"| {r['length']} | {r['ckpt']} | {r['graphs']} | {mode} | out of memory "
+                    "| | | | | |"
+                )
                 continue
             ref = rows[anchor][i] if i < len(rows[anchor]) else {}
             ratio = f"{r['tok_s'] / ref['tok_s']:.2f}" if ref.get("tok_s") else ""
             print(
-                f"| {r['length']} | {r['ckpt']} | {mode} | {r['tok_s']:,.0f} | {r['step_s']:.3f} "
+                f"| {r['length']} | {r['ckpt']} | {r['graphs']} | {mode} | {r['tok_s']:,.0f} "
+                f"| {r['step_s']:.3f} "
                 f"| {r['mfu']:.1%} | {r['busy']:.0%} | {r['peak_gib']:.1f} | {ratio} |",
                 flush=True,
             )

@@ -1,15 +1,17 @@
 """Where a trainer step's time goes on the GPU (torch profiler): top kernels and host ops.
 
 Usage (GPU machine): python benchmarks/profile_trainer_gpu.py [--preset large] [--layers 8]
-    [--length 8192]
+    [--length 8192] [--graphs]
 The preset is cut to `--layers` blocks (same 3:1 pattern) so the profile is quick; one
 warm-up `train_step` on two sequences of `--length` tokens (replay on, chunked LM head),
 then one profiled step: wall time, GPU kernel time and its share of the wall (GPU busy), the
 top ops by device and host time, and per step the kernel launches and `aten` op calls (all,
 and the most frequent). `--syncs` then runs one more step under CUDA's sync debug mode and
 prints each place in the project that made the host wait for the device (a wait drains the
-device's queue: it idles until the host has launched the next kernels), with its count. Depends only on APIs main has had since the trainer existed, so the
-same script measures an older tree (copy it over) for a before/after.
+device's queue: it idles until the host has launched the next kernels), with its count.
+`--graphs` turns on `trainer.cuda_graphs`: what is left of the host's share then. Without
+it the script uses only APIs main has had since the trainer existed, so the same script
+measures an older tree (copy it over) for a before/after.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--length", type=int, default=8192)
     p.add_argument("--syncs", action="store_true", help="list the step's host waits by place")
+    p.add_argument("--graphs", action="store_true", help="the trunk as CUDA graphs (cuda_graphs)")
     args = p.parse_args()
     torch.manual_seed(0)
     cfg = preset(args.preset).with_overrides({"n_layers": args.layers})
@@ -52,7 +55,7 @@ def main() -> None:
     trajs[1].reward = 0.0
     section = TrainerSection(
         replay_experts="indices", replay_candidates=True, lm_head_chunk=1024,
-        micro_batch_tokens=args.length, mismatch_rollouts=0,
+        micro_batch_tokens=args.length, mismatch_rollouts=0, cuda_graphs=args.graphs,
     )  # fmt: skip
     trainer = Trainer(model, section, AlgoConfig(max_staleness=10**6))
     trainer.train_step(trajs)

@@ -11,6 +11,8 @@
 #   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium; ENGINE_ARGS)
 #   trainer   benchmarks/bench_trainer_gpu.py (trainer tokens/s and MFU, large; TRAINER_ARGS)
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
+#   bgraph    benchmarks/probe_block_graph.py (a block's host share; its forward + backward
+#             as one CUDA graph, bitwise and timed)
 #   tcount    benchmarks/count_trainer_ops.py (which project lines issue a step's aten ops;
 #             TCOUNT_ARGS)
 #   lin       benchmarks/bench_linear_tiles.py (tile configurations of the invariant linear)
@@ -25,7 +27,8 @@
 #             before/after on the same warm card (make _base with `git archive REV | tar -x -C
 #             _base`; it travels as untracked files); AB_TIMEOUT per tree
 #   ncu       Nsight Compute counters of one launch per target (benchmarks/ncu_targets.py:
-#             speed of light, occupancy, warp stalls, the stalls' SASS lines); NCU_TARGETS is a
+#             speed of light, occupancy, warp stalls; ncu-src-*.csv: the source page, Python
+#             lines and SASS with their counters); NCU_TARGETS is a
 #             space list of target[:length[:head_dim]] (default: the 32K Sparse GQA prefill
 #             walk, the 128K top-k, the 32K dK/dV walk, a 64 x 4K decode walk)
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
@@ -63,7 +66,8 @@ for step in "$@"; do
         tests/engine/test_decode_graphs.py tests/trainer/test_fsdp_cuda.py \
         tests/kernels/test_linear_invariance.py tests/kernels/test_host_to_device.py \
         tests/kernels/test_indexer_search.py tests/kernels/test_invert_steps.py \
-        tests/kernels/test_grouped_decode.py 2>&1 \
+        tests/kernels/test_grouped_decode.py tests/kernels/test_expert_plan.py \
+        tests/kernels/test_norm_bwd.py tests/trainer/test_trunk_graphs_cuda.py 2>&1 \
         | tee "$OUT/tests.log" | tail -40 ;;
     dense)
       timeout "${DENSE_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
@@ -96,6 +100,9 @@ for step in "$@"; do
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;
+    bgraph)
+      timeout "${BGRAPH_TIMEOUT:-250}" python3 benchmarks/probe_block_graph.py ${BGRAPH_ARGS:-} \
+        2>&1 | tee "$OUT/bgraph.log" ;;
     tcount)
       timeout "${TCOUNT_TIMEOUT:-200}" python3 benchmarks/count_trainer_ops.py ${TCOUNT_ARGS:-} \
         2>&1 | tee "$OUT/tcount.log" ;;
@@ -125,14 +132,26 @@ for step in "$@"; do
       for spec in ${NCU_TARGETS:-prefill:32768:64 topk:131072 dkv:32768:64 decode:4096:64}; do
         IFS=: read -r target length hd <<<"$spec"
         regex=$(python3 benchmarks/ncu_targets.py --target "$target" --kernel)
-        # the first launch compiles (skipped); the counters are the second's
+        # the first launch compiles (skipped); the counters are the second's. The report
+        # stays on the machine; what comes back: the details (stall reasons included) and
+        # the source page (the Triton kernel's Python lines and SASS, with their counters)
+        rep="/tmp/ncu-$target-${length:-32768}"
         timeout "${NCU_TIMEOUT:-180}" "$ncu_bin" --clock-control none --kernel-name "regex:$regex" \
           --launch-skip 1 --launch-count 1 --section SpeedOfLight --section Occupancy \
           --section LaunchStats --section WarpStateStats --section SchedulerStats \
-          --section MemoryWorkloadAnalysis --section SourceCounters \
+          --section MemoryWorkloadAnalysis --section SourceCounters --import-source yes \
+          -f -o "$rep" \
           python3 benchmarks/ncu_targets.py --target "$target" --length "${length:-32768}" \
-          --head-dim "${hd:-64}" 2>&1 | tee "$OUT/ncu-$target-${length:-32768}.log" \
-          | grep -v '^==PROF==' | tail -n "${NCU_TAIL:-60}"
+          --head-dim "${hd:-64}" 2>&1 | grep -v '^==PROF==' | tail -n 5
+        if [ -f "$rep.ncu-rep" ]; then
+          "$ncu_bin" --import "$rep.ncu-rep" --print-details all 2>&1 \
+            | tee "$OUT/ncu-$target-${length:-32768}.log" | tail -n "${NCU_TAIL:-60}"
+          "$ncu_bin" --import "$rep.ncu-rep" --page source --csv --print-source cuda,sass 2>&1 \
+            | head -c 15000000 > "$OUT/ncu-src-$target-${length:-32768}.csv" \
+            || echo "(no source page for $target)"
+        else
+          echo "(no ncu report for $target)"
+        fi
       done ;;
     job)
       sandbox=()

@@ -181,6 +181,15 @@ class TrainerSection(_Section):
         "them: memory per token falls to the residual stream's, for ~1/3 more compute; the "
         "gradients are bitwise the same.",
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="Replay the policy's packed block trunk as CUDA graphs (forward and "
+        "backward), captured the second time a micro-batch layout (its sequence lengths) "
+        "repeats: the host's per-kernel launch cost leaves the step, the values stay "
+        "bitwise the eager ones. It pays where layouts repeat (fixed-length packing); a "
+        "layout that never repeats stays eager. Needs a CUDA policy in bfloat16, "
+        "data_parallel 1 and activation checkpointing off.",
+    )
     checkpoint_every: int = Field(5, ge=1, description="Checkpoint every N optimiser steps.")
     mismatch_rollouts: int = Field(
         2,
@@ -214,6 +223,23 @@ class TrainerSection(_Section):
         "fails the trainer (which the job restarts from its checkpoint), never hangs it.",
     )
     warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+
+    @model_validator(mode="after")
+    def _cuda_graphs_fit(self) -> TrainerSection:
+        if not self.cuda_graphs:
+            return self
+        if self.data_parallel != 1:
+            raise ValueError(
+                f"trainer.cuda_graphs needs trainer.data_parallel 1, not {self.data_parallel}: "
+                "FSDP gathers and scatters each block's parameters around it, which a graph "
+                "of the whole trunk cannot hold"
+            )
+        if self.activation_checkpointing:
+            raise ValueError(
+                "trainer.cuda_graphs and trainer.activation_checkpointing exclude each other: "
+                "a graph keeps every block's activations for its backward; turn one off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _data_parallel_fits(self) -> TrainerSection:

@@ -37,7 +37,8 @@ from rlsys.model.moe import MoE
 from rlsys.model.mtp import MTPHead
 from rlsys.model.norm import ZeroCenteredRMSNorm
 from rlsys.model.paged_cache import PagedSeqCache, PagePool
-from rlsys.model.routing import Routing
+from rlsys.model.routing import Routing, RoutingReplay
+from rlsys.model.trunk_graphs import TrunkGraphs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -73,6 +74,8 @@ class Transformer(nn.Module):
         # Training: recompute each block in the backward instead of keeping its activations
         # (the trainer's `activation_checkpointing`); same gradients, bitwise.
         self.checkpoint_blocks = False
+        # Training: the packed trunk replayed as CUDA graphs (`trunk_graphs`), or None
+        self.trunk_graphs: TrunkGraphs | None = None
         # bumped by every load_state_dict: decode graphs refresh their fused weights then
         self.weights_generation = 0
         self.register_load_state_dict_post_hook(Transformer._loaded)
@@ -148,6 +151,8 @@ class Transformer(nn.Module):
     def _loaded(module: nn.Module, incompatible: object) -> None:
         assert isinstance(module, Transformer)
         module.weights_generation += 1
+        if module.trunk_graphs is not None:  # a load may have replaced parameter storage
+            module.trunk_graphs.clear()
 
     def refresh_fused(self) -> None:
         """Bring every fused inference weight up to date with its parameters: a CUDA graph
@@ -201,6 +206,10 @@ class Transformer(nn.Module):
         """Recompute each block in the backward (training) instead of storing activations."""
         self.checkpoint_blocks = on
 
+    def set_trunk_graphs(self, on: bool) -> None:
+        """Replay the packed training trunk as CUDA graphs where `TrunkGraphs.applies`."""
+        self.trunk_graphs = TrunkGraphs() if on else None
+
     def head_logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head in the compute dtype: fp32 hidden rows (..., d) -> (..., V)."""
         return kernels.linear(self.final_norm(h).to(self.dtype), self.lm_head)
@@ -218,6 +227,19 @@ class Transformer(nn.Module):
         positions = self._positions(spans, tokens.device)
         if use_triton(tokens):
             kv = packed_kv(self.cfg, spans, tokens.device)
+            graphs, tp = self.trunk_graphs, self._tp_degree()
+            if graphs is not None and graphs.applies(
+                self, tokens, routing, self.checkpoint_blocks, tp
+            ):
+
+                def blocks(h: Tensor, routing: Routing | None, aux: AuxLosses | None) -> Tensor:
+                    for block in self.blocks:
+                        h = block(h, positions, spans, kv, routing, aux)
+                    return h
+
+                assert routing is None or isinstance(routing, RoutingReplay)
+                h = torch.nn.functional.embedding(tokens, self.embed).float()
+                return graphs.run(self.blocks, h, spans, routing, aux, blocks, (positions, kv))
             return self._trunk(tokens, positions, spans, lambda _: kv, routing, aux)
 
         def fresh_caches(i: int) -> list[LayerCache]:
@@ -252,6 +274,10 @@ class Transformer(nn.Module):
             else:
                 h = block(h, positions, spans, layer_kv(i), routing, aux)
         return h
+
+    def _tp_degree(self) -> int:
+        """The tensor-parallel degree of the FFNs (1: no collectives inside the trunk)."""
+        return max(b.ffn.row_parallel.degree for b in self.blocks)
 
     @staticmethod
     def _positions(spans: list[SeqSpan], device: torch.device) -> Tensor:

@@ -1,0 +1,183 @@
+"""The trainer's block trunk as CUDA graphs: one forward and one backward replay per
+micro-batch instead of ~300 launches per block, each with its host cost.
+
+Measured before this existed (`benchmarks/probe_block_graph.py`, H100, `large`, 8K rows):
+a block's eager forward + backward spent 44-66% of its wall on the host, and one graph
+of it ran at the kernels' own time with bitwise the same output and gradients.
+
+How: `torch.cuda.make_graphed_callables` on one callable, the whole trunk (embedding out ->
+last block out, plus the auxiliary losses the blocks add), captured for one packed layout
+(the spans of a micro-batch). Its inputs are the residual rows and the routing replay's
+tensors, copied into the graph's static inputs on every call; the positions and the K/V
+plan of the layout are bound at capture. Autograd sees one node: its backward replays the
+backward graph and hands each block parameter its gradient, which accumulates as usual.
+
+Invariants:
+- Bitwise the eager trunk: the same kernels in the same order on the same inputs (the
+  trunk has no host sync and no host-dependent branch once the layout is fixed). The
+  auxiliary losses are summed over the blocks inside the trunk and added to the caller's
+  collector once, on both paths, so the eager and graphed sums round alike.
+- A layout is captured on its second sighting and replayed from its third: its first runs
+  eagerly (compiling every kernel, naming the auxiliary losses). One captured layout is
+  kept; another frees it. A trainer whose layouts never repeat stays eager.
+- Capture leaves the model's state as it was: the warm-up calls of the capture run the
+  blocks, so their buffers (expert loads, clamp counters) are restored afterwards.
+- A deep copy of the model starts with no graphs (they replay this model's memory).
+- Only where nothing else hooks the blocks: CUDA, bf16 compute, training, gradients on, no activation
+  checkpointing, no tensor parallelism, no selection replay; `applies` says so, and the
+  caller runs the eager trunk otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rlsys.model.attention import SeqSpan
+from rlsys.model.aux import AuxLosses
+from rlsys.model.routing import RoutedExperts, Routing, RoutingReplay
+
+BlockRunner = Callable[[Tensor, RoutingReplay | None, AuxLosses | None], Tensor]
+
+
+class _TrunkCall(nn.Module):
+    """What a graph captures: (h, [indices, gates, [rows]]) -> (h, *aux losses by name)."""
+
+    def __init__(
+        self,
+        blocks: nn.ModuleList,
+        run: BlockRunner,
+        replay: tuple[bool, bool] | None,
+        aux_names: tuple[str, ...],
+        want_aux: bool,
+    ) -> None:
+        super().__init__()
+        self.blocks = blocks  # registered here only: their parameters are the graph's
+        self._run, self._replay, self.aux_names, self._want_aux = run, replay, aux_names, want_aux
+
+    def forward(self, h: Tensor, *routes: Tensor) -> tuple[Tensor, ...]:
+        routing = None
+        if self._replay is not None:
+            use_gates, has_rows = self._replay
+            rows = routes[2] if has_rows else None
+            routing = RoutingReplay(RoutedExperts(routes[0], routes[1]), use_gates, rows)
+        aux = AuxLosses() if self._want_aux else None
+        out = self._run(h, routing, aux)
+        values = aux.values if aux is not None else {}
+        return (out, *(values[name] for name in self.aux_names))
+
+
+@dataclass
+class _Captured:
+    key: tuple
+    graphed: Callable[..., tuple[Tensor, ...]]
+    aux_names: tuple[str, ...]
+    keep: tuple  # the layout's tensors the graph reads (positions, K/V plan)
+
+
+class TrunkGraphs:
+    """Per model: the captured trunk of the last repeated layout, and the layouts seen."""
+
+    def __init__(self, warmup: int = 2, remember: int = 256) -> None:
+        self.warmup, self.remember = warmup, remember
+        self._seen: dict[tuple, tuple[str, ...]] = {}  # layout key -> its aux loss names
+        self._captured: _Captured | None = None
+        self.replays = 0  # graphed calls so far (a test and the bench read it)
+
+    def clear(self) -> None:
+        """Forget every layout and free the captured graphs (after a weight load)."""
+        self._seen.clear()
+        self._captured = None
+
+    def __deepcopy__(self, memo: dict) -> TrunkGraphs:
+        # a copied model (the reference policy, a scratch model) captures its own graphs:
+        # these replay this model's parameters and memory
+        return TrunkGraphs(self.warmup)
+
+    @staticmethod
+    def applies(
+        model: nn.Module, tokens: Tensor, routing: Routing | None, recompute: bool, tp: int
+    ) -> bool:
+        """Whether the graphed trunk may stand in for the eager one on this call."""
+        if not (tokens.is_cuda and model.training and torch.is_grad_enabled()):
+            return False
+        if model.dtype != torch.bfloat16:  # torch._grouped_mm in fp32 reads its offsets
+            return False  # back to the host, which a capture refuses
+        if recompute or tp != 1:
+            return False
+        if routing is None:
+            return True
+        return isinstance(routing, RoutingReplay) and routing.experts and not routing.blocks
+
+    def run(
+        self,
+        blocks: nn.ModuleList,
+        h: Tensor,
+        spans: list[SeqSpan],
+        routing: RoutingReplay | None,
+        aux: AuxLosses | None,
+        run: BlockRunner,
+        layout: tuple,
+    ) -> Tensor:
+        """The trunk's output rows for `h`; `run(h, routing, aux)` is the eager trunk with
+        the layout (`layout`: its positions and K/V plan) bound."""
+        replay = None if routing is None else (routing.use_gates, routing.rows is not None)
+        want_aux = aux is not None
+        key = (tuple((s.row, s.n, s.pos) for s in spans), h.shape, replay, want_aux)
+        routes = _route_inputs(routing, h.device)
+        if self._captured is not None and self._captured.key == key:
+            outs = self._captured.graphed(h, *routes)
+            self.replays += 1
+            return _merge(outs, self._captured.aux_names, aux)
+        if key not in self._seen:  # first sighting: eager, and learn the aux loss names
+            inner = AuxLosses() if want_aux else None
+            out = run(h, _rebuilt(routing, routes), inner)
+            names = tuple(inner.values) if inner is not None else ()
+            if len(self._seen) >= self.remember:  # layouts that never repeated: forget one
+                del self._seen[next(iter(self._seen))]
+            self._seen[key] = names
+            return _merge((out, *(inner.values[n] for n in names)) if inner else (out,), names, aux)
+        names = self._seen[key]
+        self._captured = None  # free the last layout's graphs and their memory pool first
+        call = _TrunkCall(blocks, run, replay, names, want_aux)
+        saved = {name: buf.clone() for name, buf in blocks.named_buffers()}
+        sample = (h.detach().clone().requires_grad_(h.requires_grad), *routes)
+        graphed = torch.cuda.make_graphed_callables(
+            call, sample, num_warmup_iters=self.warmup, allow_unused_input=True
+        )
+        with torch.no_grad():
+            for name, buf in blocks.named_buffers():
+                buf.copy_(saved[name])
+        self._captured = _Captured(key, graphed, names, layout)
+        outs = graphed(h, *routes)
+        self.replays += 1
+        return _merge(outs, names, aux)
+
+
+def _route_inputs(routing: RoutingReplay | None, dev: torch.device) -> tuple[Tensor, ...]:
+    if routing is None:
+        return ()
+    parts = [routing.routes.indices, routing.routes.gates]
+    if routing.rows is not None:
+        parts.append(routing.rows)
+    return tuple(p.to(dev) for p in parts)
+
+
+def _rebuilt(routing: RoutingReplay | None, routes: tuple[Tensor, ...]) -> RoutingReplay | None:
+    """The replay the graphed call would build from its inputs (the eager first sighting
+    uses it too, so both paths see the same objects)."""
+    if routing is None:
+        return None
+    rows = routes[2] if routing.rows is not None else None
+    return RoutingReplay(RoutedExperts(routes[0], routes[1]), routing.use_gates, rows)
+
+
+def _merge(outs: tuple[Tensor, ...], names: tuple[str, ...], aux: AuxLosses | None) -> Tensor:
+    """The trunk's rows; its auxiliary losses added to the caller's collector, once each."""
+    if aux is not None:
+        for name, value in zip(names, outs[1:], strict=True):
+            aux.add(name, value)
+    return outs[0]
