@@ -57,6 +57,7 @@ ORDER = [
     "gpu_decode_moe",
     "job_ends",
     "gpu_h100_two_sessions",
+    "gpu_trunk_graphs",
     "ci_time",
 ]
 
