@@ -27,7 +27,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     forward_launch,
 )
 from rlsys.kernels.triton_ops.attention_split import one_warp_launch  # noqa: E402
-from rlsys.kernels.triton_ops.offline import KernelResources, compile_resources  # noqa: E402
+from rlsys.kernels.triton_ops.offline import KernelResources, compile_ir, compile_resources  # noqa: E402
 from rlsys.model.kv_layout import geometry as kernel_geometry  # noqa: E402
 
 MODULE = "rlsys.kernels.triton_ops"
@@ -103,6 +103,15 @@ def resources(label: str, d: int, sparse: bool, arch: int = 90) -> KernelResourc
     _, kernel, extra, launch = next(k for k in kernels(d) if k[0] == label)
     return compile_resources(
         kernel, POINTERS, {**geometry(d, sparse), **extra}, launch, arch, DIVISIBLE
+    )
+
+
+def intermediate(label: str, d: int, sparse: bool, stage: str = "ttgir", arch: int = 90) -> str:
+    """The kernel `label`'s intermediate form (`ttgir`: its MMA and shared-memory layouts),
+    compiled as `resources` compiles it."""
+    _, kernel, extra, launch = next(k for k in kernels(d) if k[0] == label)
+    return compile_ir(
+        kernel, POINTERS, {**geometry(d, sparse), **extra}, launch, arch, DIVISIBLE, stage
     )
 
 

@@ -76,6 +76,21 @@ def compile_sass(
     return _run_child(kernel, types, constexprs, options, arch, divisible, "sass")
 
 
+def compile_ir(
+    kernel: str,
+    types: dict[str, str],
+    constexprs: dict[str, Any],
+    options: dict[str, int],
+    arch: int = 90,
+    divisible: tuple[str, ...] = (),
+    stage: str = "ttgir",
+) -> str:
+    """One intermediate form (`ttgir`, `llir`, `ptx`) of `kernel` compiled as
+    `compile_resources` compiles it: where its shared-memory layouts (and their swizzles)
+    can be read."""
+    return _run_child(kernel, types, constexprs, options, arch, divisible, f"ir:{stage}")
+
+
 def _run_child(
     kernel: str, types: dict[str, str], constexprs: dict[str, Any], options: dict[str, int],
     arch: int, divisible: tuple[str, ...], what: str,
@@ -125,6 +140,9 @@ def _compile_in_this_process(request: dict[str, Any], arch: int) -> str:
         },
     )
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=request["options"])
+    what = request.get("what", "")
+    if what.startswith("ir:"):
+        return compiled.asm[what[3:]]
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")
