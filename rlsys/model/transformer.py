@@ -38,7 +38,7 @@ from rlsys.model.mtp import MTPHead
 from rlsys.model.norm import ZeroCenteredRMSNorm
 from rlsys.model.paged_cache import PagedSeqCache, PagePool
 from rlsys.model.routing import Routing, RoutingReplay
-from rlsys.model.trunk_graphs import TrunkGraphs
+from rlsys.model.trunk_graphs import BlockRunner, TrunkBuilder, TrunkGraphs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -224,29 +224,25 @@ class Transformer(nn.Module):
         self, tokens: Tensor, spans: list[SeqSpan], routing: Routing | None, aux: AuxLosses | None
     ) -> Tensor:
         """Sequences from position 0: packed K/V (Triton) or fresh per-sequence caches."""
-        positions = self._positions(spans, tokens.device)
+        dev = tokens.device
         if use_triton(tokens):
-            kv = packed_kv(self.cfg, spans, tokens.device)
             graphs, tp = self.trunk_graphs, self._tp_degree()
             if graphs is not None and graphs.applies(
                 self, tokens, routing, self.checkpoint_blocks, tp
             ):
-
-                def blocks(h: Tensor, routing: Routing | None, aux: AuxLosses | None) -> Tensor:
-                    for block in self.blocks:
-                        h = block(h, positions, spans, kv, routing, aux)
-                    return h
-
                 assert routing is None or isinstance(routing, RoutingReplay)
                 h = torch.nn.functional.embedding(tokens, self.embed).float()
-                return graphs.run(self.blocks, h, spans, routing, aux, blocks, (positions, kv))
+                return graphs.run(self.blocks, h, spans, routing, aux, self._packed(spans, dev))
+            positions = self._positions(spans, dev)
+            kv = packed_kv(self.cfg, spans, dev)
             return self._trunk(tokens, positions, spans, lambda _: kv, routing, aux)
 
         def fresh_caches(i: int) -> list[LayerCache]:
             # fresh per call: a checkpointed block's recomputation must not see the K/V its
             # first pass appended
-            return [self.blocks[i].attn.new_cache(self.dtype, tokens.device) for _ in spans]
+            return [self.blocks[i].attn.new_cache(self.dtype, dev) for _ in spans]
 
+        positions = self._positions(spans, dev)
         return self._trunk(tokens, positions, spans, fresh_caches, routing, aux)
 
     def _trunk(
@@ -274,6 +270,23 @@ class Transformer(nn.Module):
             else:
                 h = block(h, positions, spans, layer_kv(i), routing, aux)
         return h
+
+    def _packed(self, spans: list[SeqSpan], dev: torch.device) -> TrunkBuilder:
+        """The eager trunk over the packed layout `spans`, built on demand (a graph replay
+        reads the layout it captured and builds nothing)."""
+
+        def build() -> tuple[BlockRunner, tuple]:
+            positions = self._positions(spans, dev)
+            kv = packed_kv(self.cfg, spans, dev)
+
+            def blocks(h: Tensor, routing: Routing | None, aux: AuxLosses | None) -> Tensor:
+                for block in self.blocks:
+                    h = block(h, positions, spans, kv, routing, aux)
+                return h
+
+            return blocks, (positions, kv)
+
+        return build
 
     def _tp_degree(self) -> int:
         """The tensor-parallel degree of the FFNs (1: no collectives inside the trunk)."""

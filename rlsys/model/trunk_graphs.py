@@ -41,6 +41,16 @@ from rlsys.model.aux import AuxLosses
 from rlsys.model.routing import RoutedExperts, Routing, RoutingReplay
 
 BlockRunner = Callable[[Tensor, RoutingReplay | None, AuxLosses | None], Tensor]
+# builds the layout's eager trunk: (runner, the tensors it reads that a graph must keep)
+TrunkBuilder = Callable[[], tuple[BlockRunner, tuple]]
+# `torch.cuda.make_graphed_callables`'s signature, for the one call this module makes
+Capture = Callable[..., Callable[..., tuple[Tensor, ...]]]
+
+
+def _cuda_capture(call: nn.Module, sample: tuple[Tensor, ...], warmup: int) -> Callable:
+    return torch.cuda.make_graphed_callables(
+        call, sample, num_warmup_iters=warmup, allow_unused_input=True
+    )
 
 
 class _TrunkCall(nn.Module):
@@ -81,8 +91,10 @@ class _Captured:
 class TrunkGraphs:
     """Per model: the captured trunk of the last repeated layout, and the layouts seen."""
 
-    def __init__(self, warmup: int = 2, remember: int = 256) -> None:
-        self.warmup, self.remember = warmup, remember
+    def __init__(self, warmup: int = 2, remember: int = 256, capture: Capture = _cuda_capture):
+        # `capture(call, sample, warmup)` -> the graphed call; CUDA's, but for a CPU test of
+        # this bookkeeping, which stands in the eager call for the graph
+        self.warmup, self.remember, self._capture = warmup, remember, capture
         self._seen: dict[tuple, tuple[str, ...]] = {}  # layout key -> its aux loss names
         self._captured: _Captured | None = None
         self.replays = 0  # graphed calls so far (a test and the bench read it)
@@ -95,7 +107,7 @@ class TrunkGraphs:
     def __deepcopy__(self, memo: dict) -> TrunkGraphs:
         # a copied model (the reference policy, a scratch model) captures its own graphs:
         # these replay this model's parameters and memory
-        return TrunkGraphs(self.warmup)
+        return TrunkGraphs(self.warmup, self.remember, self._capture)
 
     @staticmethod
     def applies(
@@ -119,11 +131,11 @@ class TrunkGraphs:
         spans: list[SeqSpan],
         routing: RoutingReplay | None,
         aux: AuxLosses | None,
-        run: BlockRunner,
-        layout: tuple,
+        build: TrunkBuilder,
     ) -> Tensor:
-        """The trunk's output rows for `h`; `run(h, routing, aux)` is the eager trunk with
-        the layout (`layout`: its positions and K/V plan) bound."""
+        """The trunk's output rows for `h`. `build()` makes the eager trunk of this layout,
+        `run(h, routing, aux)`, and names what it reads (its positions and K/V plan); a
+        replay needs neither, so it is called only to run eagerly or to capture."""
         replay = None if routing is None else (routing.use_gates, routing.rows is not None)
         want_aux = aux is not None
         key = (tuple((s.row, s.n, s.pos) for s in spans), h.shape, replay, want_aux)
@@ -132,6 +144,7 @@ class TrunkGraphs:
             outs = self._captured.graphed(h, *routes)
             self.replays += 1
             return _merge(outs, self._captured.aux_names, aux)
+        run, layout = build()
         if key not in self._seen:  # first sighting: eager, and learn the aux loss names
             inner = AuxLosses() if want_aux else None
             out = run(h, _rebuilt(routing, routes), inner)
@@ -145,9 +158,7 @@ class TrunkGraphs:
         call = _TrunkCall(blocks, run, replay, names, want_aux)
         saved = {name: buf.clone() for name, buf in blocks.named_buffers()}
         sample = (h.detach().clone().requires_grad_(h.requires_grad), *routes)
-        graphed = torch.cuda.make_graphed_callables(
-            call, sample, num_warmup_iters=self.warmup, allow_unused_input=True
-        )
+        graphed = self._capture(call, sample, self.warmup)
         with torch.no_grad():
             for name, buf in blocks.named_buffers():
                 buf.copy_(saved[name])

@@ -3,8 +3,11 @@
 The graphs themselves run on CUDA only (`tests/trainer/test_trunk_graphs_cuda.py` checks
 them bitwise against the eager trunk); here, on the CPU: the rules `TrunkGraphs.applies`
 holds, that a CPU step with graphs asked for runs the eager trunk unchanged, that a deep
-copy of the model (the reference policy) starts without graphs, and that the config
-refuses combinations a graph cannot hold with a message naming both settings.
+copy of the model (the reference policy) starts without graphs, that the config refuses
+combinations a graph cannot hold with a message naming both settings, and the layout
+bookkeeping (eager first, captured second, replayed after; one layout kept; the capture's
+warm-ups leave no mark on the blocks' buffers; aux losses reach the caller once), with the
+eager call standing in for CUDA's graph at the capture edge.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import torch
 from pydantic import ValidationError
 
 from rlsys.config.job import TrainerSection
+from rlsys.model.attention import SeqSpan
+from rlsys.model.aux import AuxLosses
 from rlsys.model.routing import RoutedExperts, RoutingRecorder, RoutingReplay
 from rlsys.model.trunk_graphs import TrunkGraphs
 from tests.trainer.helpers import engine_trajectories, make_trainer, tiny_model
@@ -80,3 +85,104 @@ def test_the_config_refuses_what_a_graph_cannot_hold(extra: dict, named: str) ->
     with pytest.raises(ValidationError, match=rf"cuda_graphs.*{named}|{named}.*cuda_graphs"):
         TrainerSection(cuda_graphs=True, **extra)
     TrainerSection(cuda_graphs=False, **extra)  # each alone is fine
+
+
+# ---- the bookkeeping, with the eager call standing in for CUDA's graph -------------------
+
+SPANS_A = [SeqSpan(0, 24, 0), SeqSpan(24, 16, 0)]
+SPANS_B = [SeqSpan(0, 40, 0)]
+
+
+class EagerCapture:
+    """Stands in for `make_graphed_callables` at the CUDA edge: runs the warm-up calls it
+    runs (forward and `autograd.grad`, which touch the blocks' buffers as a real capture's
+    warm-ups do) and hands back the eager call, so a "replay" is the eager trunk."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+    def __call__(self, call: torch.nn.Module, sample: tuple, warmup: int) -> object:
+        self.captures += 1
+        params = [p for p in call.parameters() if p.requires_grad]
+        for _ in range(warmup):
+            outs = call(*sample)
+            wanted = [o for o in outs if o.requires_grad]
+            grads = [torch.ones_like(o) for o in wanted]
+            torch.autograd.grad(wanted, [sample[0], *params], grads, allow_unused=True)
+        return call
+
+
+def _builder(model: torch.nn.Module, spans: list[SeqSpan]) -> object:
+    """The reference path's eager trunk over `spans` (fresh caches per block and call)."""
+
+    def build() -> tuple[object, tuple]:
+        positions = torch.cat([torch.arange(s.pos, s.pos + s.n) for s in spans])
+
+        def run(h: torch.Tensor, routing: object, aux: AuxLosses | None) -> torch.Tensor:
+            for block in model.blocks:
+                caches = [block.attn.new_cache(model.dtype, "cpu") for _ in spans]
+                h = block(h, positions, spans, caches, routing, aux)
+            return h
+
+        return run, (positions,)
+
+    return build
+
+
+def _rows(spans: list[SeqSpan], d: int, seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.randn(sum(s.n for s in spans), d, requires_grad=True)
+
+
+def test_a_layout_runs_eagerly_then_is_captured_then_replayed_with_the_eager_values() -> None:
+    eager, graphed = tiny_model(), tiny_model()
+    capture = EagerCapture()
+    graphs = TrunkGraphs(capture=capture)
+    for call in range(4):
+        h = _rows(SPANS_A, eager.cfg.d_model, seed=call)
+        want_aux, got_aux = AuxLosses(), AuxLosses()
+        want = _builder(eager, SPANS_A)()[0](h, None, want_aux)
+        got = graphs.run(graphed.blocks, h, SPANS_A, None, got_aux, _builder(graphed, SPANS_A))
+        assert torch.equal(got, want)
+        assert want_aux.values.keys() == got_aux.values.keys() and want_aux.values
+        assert all(torch.equal(got_aux.values[k], v) for k, v in want_aux.values.items())
+        assert graphs.replays == max(0, call)  # eager, then captured and run, then replayed
+    assert capture.captures == 1
+    for (name, a), b in zip(eager.named_buffers(), graphed.buffers(), strict=True):
+        assert torch.equal(a, b), f"{name}: the capture's warm-ups left their mark"
+
+
+def test_a_replay_builds_no_layout() -> None:
+    model, built = tiny_model(), []
+    graphs = TrunkGraphs(capture=EagerCapture())
+
+    def counting() -> tuple[object, tuple]:
+        built.append(1)
+        return _builder(model, SPANS_A)()
+
+    for call in range(4):
+        graphs.run(
+            model.blocks, _rows(SPANS_A, model.cfg.d_model, call), SPANS_A, None, None, counting
+        )
+    assert len(built) == 2  # the eager first sighting and the capture; never a replay
+
+
+def test_one_layout_is_kept_captured_and_another_repeated_one_replaces_it() -> None:
+    model = tiny_model()
+    capture = EagerCapture()
+    graphs = TrunkGraphs(capture=capture)
+    d = model.cfg.d_model
+
+    def call(spans: list[SeqSpan]) -> None:
+        graphs.run(model.blocks, _rows(spans, d, 0), spans, None, None, _builder(model, spans))
+
+    call(SPANS_A), call(SPANS_A)  # A captured
+    call(SPANS_B)  # B seen once: eager, A stays captured
+    call(SPANS_A)
+    assert (capture.captures, graphs.replays) == (1, 2)
+    call(SPANS_B)  # B again: captured in A's place
+    call(SPANS_A)  # A again: captured anew
+    assert capture.captures == 3
+    graphs.clear()
+    call(SPANS_A)  # after a weight load: every layout is new
+    assert (capture.captures, graphs.replays) == (3, 4)
