@@ -23,9 +23,14 @@ Invariants:
 - Capture leaves the model's state as it was: the warm-up calls of the capture run the
   blocks, so their buffers (expert loads, clamp counters) are restored afterwards.
 - A deep copy of the model starts with no graphs (they replay this model's memory).
-- Only where nothing else hooks the blocks: CUDA, bf16 compute, training, gradients on, no activation
-  checkpointing, no tensor parallelism, no selection replay; `applies` says so, and the
-  caller runs the eager trunk otherwise.
+- Only where nothing else hooks the blocks: CUDA, bf16 compute, training, gradients on,
+  no activation checkpointing, no tensor parallelism, no selection replay; `applies` says
+  so, and the caller runs the eager trunk otherwise.
+- Gradients accumulate over micro-batches as in the eager trunk: a graphed backward's
+  gradients are added into `.grad` tensors of the trainer's own, never taken over as them
+  (`_accumulate_in_place`).
+- A replay builds nothing on the host: the layout's eager trunk (positions, K/V plan) is
+  built only to run eagerly or to capture (`TrunkBuilder`).
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ Capture = Callable[..., Callable[..., tuple[Tensor, ...]]]
 
 
 def _cuda_capture(call: nn.Module, sample: tuple[Tensor, ...], warmup: int) -> Callable:
+    # every block parameter must get a gradient (`allow_unused_input=False`): see `run`
     return torch.cuda.make_graphed_callables(
-        call, sample, num_warmup_iters=warmup, allow_unused_input=True
+        call, sample, num_warmup_iters=warmup, allow_unused_input=False
     )
 
 
@@ -66,7 +72,8 @@ class _TrunkCall(nn.Module):
     ) -> None:
         super().__init__()
         self.blocks = blocks  # registered here only: their parameters are the graph's
-        self._run, self._replay, self.aux_names, self._want_aux = run, replay, aux_names, want_aux
+        self._run, self._replay = run, replay
+        self.aux_names, self._want_aux = aux_names, want_aux
 
     def forward(self, h: Tensor, *routes: Tensor) -> tuple[Tensor, ...]:
         routing = None
@@ -96,12 +103,14 @@ class TrunkGraphs:
         # this bookkeeping, which stands in the eager call for the graph
         self.warmup, self.remember, self._capture = warmup, remember, capture
         self._seen: dict[tuple, tuple[str, ...]] = {}  # layout key -> its aux loss names
+        self._eager_only: set[tuple] = set()  # layouts whose capture was refused
         self._captured: _Captured | None = None
         self.replays = 0  # graphed calls so far (a test and the bench read it)
 
     def clear(self) -> None:
         """Forget every layout and free the captured graphs (after a weight load)."""
         self._seen.clear()
+        self._eager_only.clear()
         self._captured = None
 
     def __deepcopy__(self, memo: dict) -> TrunkGraphs:
@@ -141,31 +150,88 @@ class TrunkGraphs:
         key = (tuple((s.row, s.n, s.pos) for s in spans), h.shape, replay, want_aux)
         routes = _route_inputs(routing, h.device)
         if self._captured is not None and self._captured.key == key:
+            _accumulate_in_place(blocks)
             outs = self._captured.graphed(h, *routes)
             self.replays += 1
             return _merge(outs, self._captured.aux_names, aux)
         run, layout = build()
         if key not in self._seen:  # first sighting: eager, and learn the aux loss names
-            inner = AuxLosses() if want_aux else None
-            out = run(h, _rebuilt(routing, routes), inner)
-            names = tuple(inner.values) if inner is not None else ()
             if len(self._seen) >= self.remember:  # layouts that never repeated: forget one
                 del self._seen[next(iter(self._seen))]
-            self._seen[key] = names
-            return _merge((out, *(inner.values[n] for n in names)) if inner else (out,), names, aux)
+            out, self._seen[key] = _eager(run, h, routing, routes, aux)
+            return out
         names = self._seen[key]
+        if key in self._eager_only:
+            return _eager(run, h, routing, routes, aux)[0]
         self._captured = None  # free the last layout's graphs and their memory pool first
         call = _TrunkCall(blocks, run, replay, names, want_aux)
         saved = {name: buf.clone() for name, buf in blocks.named_buffers()}
         sample = (h.detach().clone().requires_grad_(h.requires_grad), *routes)
-        graphed = self._capture(call, sample, self.warmup)
-        with torch.no_grad():
-            for name, buf in blocks.named_buffers():
-                buf.copy_(saved[name])
+        try:
+            graphed = self._capture(call, sample, self.warmup)
+        except RuntimeError as exc:
+            # A block parameter without a gradient here (the indexer's, when no aux loss
+            # trains it): `_accumulate_in_place` would give it a `.grad` the optimiser then
+            # steps on, where the eager trunk leaves it None. This layout stays eager.
+            if "not have been used" not in str(exc):
+                raise
+            self._eager_only.add(key)
+            _restore(blocks, saved)
+            return _eager(run, h, routing, routes, aux)[0]
+        _restore(blocks, saved)
         self._captured = _Captured(key, graphed, names, layout)
+        _accumulate_in_place(blocks)
         outs = graphed(h, *routes)
         self.replays += 1
         return _merge(outs, names, aux)
+
+
+def _accumulate_in_place(blocks: nn.ModuleList) -> None:
+    """Give every block parameter without a gradient one filled with -0.0, so autograd adds
+    each graphed backward's gradient into it in place.
+
+    A graphed backward returns views of the graph's static gradient buffers, and autograd
+    takes over a returned gradient that nothing else references as the parameter's `.grad`
+    when it has none: the next replay would then overwrite that `.grad` and the sum over
+    micro-batches would be silently wrong (PyTorch issue 181723). -0.0 is the identity of
+    IEEE addition for every value, +0.0 and -0.0 included, so the first in-place add gives
+    bitwise the gradient that taking it over would have. One buffer per dtype, the
+    parameters' gradients views of it: one fill, not one per parameter."""
+    missing = [p for p in blocks.parameters() if p.requires_grad and p.grad is None]
+    by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+    for p in missing:
+        by_dtype.setdefault(p.dtype, []).append(p)
+    for dtype, params in by_dtype.items():
+        flat = torch.full(
+            (sum(p.numel() for p in params),), -0.0, dtype=dtype, device=params[0].device
+        )
+        start = 0
+        for p in params:
+            p.grad = flat[start : start + p.numel()].view_as(p)
+            start += p.numel()
+
+
+def _restore(blocks: nn.ModuleList, saved: dict[str, Tensor]) -> None:
+    """The blocks' buffers as they were before a capture's warm-up calls ran the blocks."""
+    with torch.no_grad():
+        for name, buf in blocks.named_buffers():
+            buf.copy_(saved[name])
+
+
+def _eager(
+    run: BlockRunner,
+    h: Tensor,
+    routing: RoutingReplay | None,
+    routes: tuple[Tensor, ...],
+    aux: AuxLosses | None,
+) -> tuple[Tensor, tuple[str, ...]]:
+    """The eager trunk's rows and the names of its aux losses, which are summed over the
+    blocks inside and added to `aux` once each (as a graph's are)."""
+    inner = AuxLosses() if aux is not None else None
+    out = run(h, _rebuilt(routing, routes), inner)
+    names = tuple(inner.values) if inner is not None else ()
+    values = tuple(inner.values[n] for n in names) if inner is not None else ()
+    return _merge((out, *values), names, aux), names
 
 
 def _route_inputs(routing: RoutingReplay | None, dev: torch.device) -> tuple[Tensor, ...]:

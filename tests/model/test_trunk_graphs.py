@@ -22,7 +22,7 @@ from rlsys.config.job import TrainerSection
 from rlsys.model.attention import SeqSpan
 from rlsys.model.aux import AuxLosses
 from rlsys.model.routing import RoutedExperts, RoutingRecorder, RoutingReplay
-from rlsys.model.trunk_graphs import TrunkGraphs
+from rlsys.model.trunk_graphs import TrunkGraphs, _accumulate_in_place
 from tests.trainer.helpers import engine_trajectories, make_trainer, tiny_model
 
 
@@ -108,7 +108,7 @@ class EagerCapture:
             outs = call(*sample)
             wanted = [o for o in outs if o.requires_grad]
             grads = [torch.ones_like(o) for o in wanted]
-            torch.autograd.grad(wanted, [sample[0], *params], grads, allow_unused=True)
+            torch.autograd.grad(wanted, [sample[0], *params], grads)  # each one used
         return call
 
 
@@ -161,9 +161,8 @@ def test_a_replay_builds_no_layout() -> None:
         return _builder(model, SPANS_A)()
 
     for call in range(4):
-        graphs.run(
-            model.blocks, _rows(SPANS_A, model.cfg.d_model, call), SPANS_A, None, None, counting
-        )
+        h = _rows(SPANS_A, model.cfg.d_model, call)
+        graphs.run(model.blocks, h, SPANS_A, None, AuxLosses(), counting)
     assert len(built) == 2  # the eager first sighting and the capture; never a replay
 
 
@@ -174,7 +173,8 @@ def test_one_layout_is_kept_captured_and_another_repeated_one_replaces_it() -> N
     d = model.cfg.d_model
 
     def call(spans: list[SeqSpan]) -> None:
-        graphs.run(model.blocks, _rows(spans, d, 0), spans, None, None, _builder(model, spans))
+        h = _rows(spans, d, 0)
+        graphs.run(model.blocks, h, spans, None, AuxLosses(), _builder(model, spans))
 
     call(SPANS_A), call(SPANS_A)  # A captured
     call(SPANS_B)  # B seen once: eager, A stays captured
@@ -186,3 +186,65 @@ def test_one_layout_is_kept_captured_and_another_repeated_one_replaces_it() -> N
     graphs.clear()
     call(SPANS_A)  # after a weight load: every layout is new
     assert (capture.captures, graphs.replays) == (3, 4)
+
+
+def test_a_layout_whose_capture_leaves_a_parameter_without_gradient_stays_eager() -> None:
+    # without aux losses nothing trains the Sparse GQA indexer: its weights get no gradient,
+    # which the capture refuses; the layout then runs eagerly, with the eager values
+    eager, graphed = tiny_model(), tiny_model()
+    capture = EagerCapture()
+    graphs = TrunkGraphs(capture=capture)
+    for call in range(4):
+        h = _rows(SPANS_A, eager.cfg.d_model, seed=call)
+        want = _builder(eager, SPANS_A)()[0](h, None, None)
+        got = graphs.run(graphed.blocks, h, SPANS_A, None, None, _builder(graphed, SPANS_A))
+        assert torch.equal(got, want)
+    assert (capture.captures, graphs.replays) == (1, 0)  # refused once, never tried again
+    for (name, a), b in zip(eager.named_buffers(), graphed.buffers(), strict=True):
+        assert torch.equal(a, b), f"{name}: the refused capture's warm-ups left their mark"
+
+
+class _StaticGradient(torch.autograd.Function):
+    """What a graphed backward does with a parameter's gradient: it writes it into one
+    static buffer and returns a view of that buffer (`make_graphed_callables`)."""
+
+    @staticmethod
+    def forward(
+        ctx: object, x: torch.Tensor, w: torch.Tensor, static: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.static = static
+        return x * w
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> tuple:
+        (x,) = ctx.saved_tensors
+        ctx.static.copy_((g * x).sum(0))  # the "replay" writes the static buffer
+        return None, ctx.static.detach(), None
+
+
+@pytest.mark.parametrize("prefill", [False, True])
+def test_gradients_sum_over_micro_batches_when_backward_returns_a_static_buffer(
+    prefill: bool,
+) -> None:
+    w = torch.nn.Parameter(torch.ones(3))
+    blocks = torch.nn.ModuleList([torch.nn.Module()])
+    blocks[0].w = w
+    static = torch.zeros(3)
+    xs = [torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[10.0, 20.0, 30.0]])]
+    for x in xs:  # two micro-batches of one step, gradients accumulating
+        if prefill:
+            _accumulate_in_place(blocks)
+        _StaticGradient.apply(x, w, static).sum().backward()
+    want = xs[0][0] + xs[1][0]
+    if prefill:
+        assert torch.equal(w.grad, want)
+    else:  # autograd took the static buffer over as .grad: the second write doubled itself
+        assert torch.equal(w.grad, 2 * xs[1][0])
+
+
+def test_the_prefilled_gradient_adds_to_exactly_the_first_one() -> None:
+    values = torch.tensor([0.0, -0.0, 1.5, -2.25, float("inf"), 3e-39])
+    summed = torch.full_like(values, -0.0) + values
+    assert torch.equal(summed, values)
+    assert torch.equal(summed.signbit(), values.signbit())  # +0.0 stays +0.0, -0.0 stays -0.0

@@ -1,9 +1,12 @@
 """The trainer's trunk as CUDA graphs (`trainer.cuda_graphs`) trains bitwise the eager trunk.
 
 Two trainers from the same seed, one with graphs, one without, take the same steps on the
-same engine trajectories: every step's loss and every parameter after the steps must be
-equal bitwise, and the graphed trainer must really have replayed graphs (a layout is
-captured on its second sighting, so by the fourth step it has replayed twice).
+same engine trajectories, four micro-batches of one layout per step: every step's loss and
+every parameter after the steps must be equal bitwise, and the graphed trainer must really
+have replayed graphs (a layout is captured on its second sighting). Several micro-batches
+per step are the point: a graphed backward hands back its static gradient buffers, and
+autograd would take one over as a parameter's `.grad` at a step's first micro-batch, for
+the next replay to overwrite (PyTorch issue 181723; `trunk_graphs._accumulate_in_place`).
 """
 
 from __future__ import annotations
@@ -25,15 +28,22 @@ def test_graphed_trunk_trains_bitwise_the_eager_trunk(replay: str) -> None:
     for graphs in (False, True):
         model = tiny_model(compute_dtype="bfloat16").cuda()
         trajs = engine_trajectories(model, device="cuda")
+        # one 30-token segment per micro-batch: four micro-batches of one layout per step,
+        # so gradients accumulate across graph replays (the first of a step included)
         trainer = make_trainer(
-            model, replay_experts=replay, lr=1e-3, warmup_steps=0, cuda_graphs=graphs
+            model,
+            replay_experts=replay,
+            lr=1e-3,
+            warmup_steps=0,
+            cuda_graphs=graphs,
+            micro_batch_tokens=30,
         )
         losses = [trainer.train_step(trajs).metrics.loss for _ in range(4)]
         params = [p.detach().clone() for p in model.parameters()]
         replays = model.trunk_graphs.replays if model.trunk_graphs is not None else 0
         runs.append((losses, params, replays))
     (eager_losses, eager_params, _), (graph_losses, graph_params, replays) = runs
-    assert replays >= 2, "the graphed trainer never replayed a graph"
+    assert replays >= 10, "the graphed trainer did not replay its graph"
     assert graph_losses == eager_losses
     for a, b in zip(eager_params, graph_params, strict=True):
         assert torch.equal(a, b)
