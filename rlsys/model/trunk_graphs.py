@@ -28,7 +28,8 @@ Invariants:
   so, and the caller runs the eager trunk otherwise.
 - Gradients accumulate over micro-batches as in the eager trunk: a graphed backward's
   gradients are added into `.grad` tensors of the trainer's own, never taken over as them
-  (`_accumulate_in_place`).
+  (`_accumulate_in_place`). A layout whose capture would leave a block parameter without
+  a gradient (which that `.grad` would then turn into an optimiser step) stays eager.
 - A replay builds nothing on the host: the layout's eager trunk (positions, K/V plan) is
   built only to run eagerly or to capture (`TrunkBuilder`).
 """
@@ -76,13 +77,8 @@ class _TrunkCall(nn.Module):
         self.aux_names, self._want_aux = aux_names, want_aux
 
     def forward(self, h: Tensor, *routes: Tensor) -> tuple[Tensor, ...]:
-        routing = None
-        if self._replay is not None:
-            use_gates, has_rows = self._replay
-            rows = routes[2] if has_rows else None
-            routing = RoutingReplay(RoutedExperts(routes[0], routes[1]), use_gates, rows)
         aux = AuxLosses() if self._want_aux else None
-        out = self._run(h, routing, aux)
+        out = self._run(h, _replay_of(self._replay, routes), aux)
         values = aux.values if aux is not None else {}
         return (out, *(values[name] for name in self.aux_names))
 
@@ -145,7 +141,7 @@ class TrunkGraphs:
         """The trunk's output rows for `h`. `build()` makes the eager trunk of this layout,
         `run(h, routing, aux)`, and names what it reads (its positions and K/V plan); a
         replay needs neither, so it is called only to run eagerly or to capture."""
-        replay = None if routing is None else (routing.use_gates, routing.rows is not None)
+        replay = _flags(routing)
         want_aux = aux is not None
         key = (tuple((s.row, s.n, s.pos) for s in spans), h.shape, replay, want_aux)
         routes = _route_inputs(routing, h.device)
@@ -228,7 +224,7 @@ def _eager(
     """The eager trunk's rows and the names of its aux losses, which are summed over the
     blocks inside and added to `aux` once each (as a graph's are)."""
     inner = AuxLosses() if aux is not None else None
-    out = run(h, _rebuilt(routing, routes), inner)
+    out = run(h, _replay_of(_flags(routing), routes), inner)
     names = tuple(inner.values) if inner is not None else ()
     values = tuple(inner.values[n] for n in names) if inner is not None else ()
     return _merge((out, *values), names, aux), names
@@ -243,13 +239,19 @@ def _route_inputs(routing: RoutingReplay | None, dev: torch.device) -> tuple[Ten
     return tuple(p.to(dev) for p in parts)
 
 
-def _rebuilt(routing: RoutingReplay | None, routes: tuple[Tensor, ...]) -> RoutingReplay | None:
-    """The replay the graphed call would build from its inputs (the eager first sighting
-    uses it too, so both paths see the same objects)."""
-    if routing is None:
+def _flags(routing: RoutingReplay | None) -> tuple[bool, bool] | None:
+    """What of a replay is not a tensor: (gates used, rows given); None without replay."""
+    return None if routing is None else (routing.use_gates, routing.rows is not None)
+
+
+def _replay_of(flags: tuple[bool, bool] | None, routes: tuple[Tensor, ...]) -> RoutingReplay | None:
+    """The replay a graphed call builds from its route inputs (an eager call too, so both
+    paths read the same tensors through the same object)."""
+    if flags is None:
         return None
-    rows = routes[2] if routing.rows is not None else None
-    return RoutingReplay(RoutedExperts(routes[0], routes[1]), routing.use_gates, rows)
+    use_gates, has_rows = flags
+    rows = routes[2] if has_rows else None
+    return RoutingReplay(RoutedExperts(routes[0], routes[1]), use_gates, rows)
 
 
 def _merge(outs: tuple[Tensor, ...], names: tuple[str, ...], aux: AuxLosses | None) -> Tensor:
