@@ -1,0 +1,98 @@
+"""Host time of packing a trainer step's micro-batches (`rlsys.trainer.batch.pack`).
+
+Usage: python benchmarks/bench_trainer_pack.py [--preset large] [--lengths 8192,32768]
+    [--repeat 3]
+
+`Trainer._plan` packs every micro-batch of a step before the first forward, so the GPU
+waits for it; with the trunk replayed as CUDA graphs the step is short enough for this to
+matter. Per length: two trajectories shaped as `bench_trainer_gpu.py` builds them (a
+256-token prompt, then policy tokens with a log-prob, a version, a top-64 candidate set
+and the routed experts of every MoE layer per row, as per-row tensors), each packed as its
+own micro-batch (`micro_batch_tokens` = length), `--repeat` times; prints the best, the
+spread and the share of the time spent in the routes and in the candidate sets (cProfile
+of one more round). Host-only: runs anywhere, the figures are this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlsys.config.model import preset  # noqa: E402
+from rlsys.trainer.batch import pack  # noqa: E402
+from rlsys.trajectory import Segment, Trajectory  # noqa: E402
+
+PROMPT, CANDIDATES = 256, 64
+
+
+def trajectory(layers: int, k: int, length: int, seed: int) -> Trajectory:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (length,), generator=g).tolist()
+    idx = torch.randint(0, 32, (layers, length, k), generator=g)
+    gates = torch.rand(layers, length, k, generator=g)
+    top = torch.randint(0, 256, (length, CANDIDATES), generator=g).tolist()
+    rows = range(PROMPT - 1, length - 1)
+    targets = tokens[PROMPT:]
+    seg = Segment()
+    seg.append(tokens[:PROMPT], turn=-1, policy=False)
+    seg.append(
+        targets,
+        turn=0,
+        policy=True,
+        logprobs=[-1.0] * len(targets),
+        versions=[0] * len(targets),
+        candidates=[sorted({*top[r], targets[j]}) for j, r in enumerate(rows)],
+        routed=[{"indices": idx[:, r], "gates": gates[:, r]} for r in rows],
+    )
+    return Trajectory("r0", "g", "t", [seg], reward=1.0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="large")
+    p.add_argument("--lengths", default="8192,32768")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    cfg = preset(args.preset)
+    layers, k = cfg.n_layers, cfg.experts_per_token
+    print(f"preset {args.preset}: {layers} MoE layers x top-{k} routes per row, "
+          f"{CANDIDATES} candidates per policy token; 2 trajectories, one micro-batch each")  # fmt: skip
+    print("\n| tokens/seq | pack s per step (best) | spread | routes | candidate sets |")
+    print("|---:|---:|---|---:|---:|")
+    for length in (int(x) for x in args.lengths.split(",")):
+        trajs = [trajectory(layers, k, length, seed) for seed in (0, 1)]
+        items = [[(i, t.segments[0], t)] for i, t in enumerate(trajs)]
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            for micro in items:
+                pack(micro, version=0)
+            times.append(time.perf_counter() - start)
+        prof = cProfile.Profile()
+        prof.enable()
+        for micro in items:
+            pack(micro, version=0)
+        prof.disable()
+        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        total = sum(v[3] for f, v in stats.items() if f[2] == "pack")
+        share = {
+            name: sum(v[3] for f, v in stats.items() if f[2] == name) / total
+            for name in ("_routes", "_candidates")
+        }
+        print(
+            f"| {length} | {min(times):.3f} | {min(times):.3f}-{max(times):.3f} "
+            f"| {share['_routes']:.0%} | {share['_candidates']:.0%} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
