@@ -248,3 +248,39 @@ def test_the_prefilled_gradient_adds_to_exactly_the_first_one() -> None:
     summed = torch.full_like(values, -0.0) + values
     assert torch.equal(summed, values)
     assert torch.equal(summed.signbit(), values.signbit())  # +0.0 stays +0.0, -0.0 stays -0.0
+
+
+def test_the_models_packed_trunk_through_the_graph_path_is_the_eager_trunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the branch of `Transformer._trunk_packed` a CUDA step takes (its layout builder, the
+    # embedding outside the graph, the aux losses merged once), on the Triton path through
+    # the interpreter, with the eager call in the graph's place and the CUDA/bf16 rule of
+    # `applies` lifted: the rows, the aux losses and the gradients are the eager trunk's
+    monkeypatch.setenv("RLSYS_KERNELS", "triton")
+    monkeypatch.setattr(TrunkGraphs, "applies", staticmethod(lambda *a, **k: True))
+    small = {"n_layers": 2, "swa_per_sparse": 1}
+    spans = [SeqSpan(0, 24, 0), SeqSpan(24, 20, 0)]
+    tokens = torch.randint(0, 64, (44,), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for graphs in (False, True):
+        model = tiny_model(**small).train()
+        model.set_trunk_graphs(graphs)
+        if graphs:
+            model.trunk_graphs = TrunkGraphs(capture=EagerCapture())
+        calls = []
+        for _ in range(3):  # eager sighting, capture, replay
+            aux = AuxLosses()
+            h = model.hidden_packed(tokens, spans, None, aux)
+            (h.square().mean() + aux.total()).backward()
+            grads = [p.grad.clone() for p in model.blocks.parameters()]
+            model.zero_grad(set_to_none=True)
+            calls.append((h.detach(), {k: v.detach() for k, v in aux.values.items()}, grads))
+        runs.append((calls, model.trunk_graphs.replays if graphs else 0))
+    (eager, _), (graphed, replays) = runs
+    assert replays == 2
+    for (h_a, aux_a, g_a), (h_b, aux_b, g_b) in zip(eager, graphed, strict=True):
+        assert torch.equal(h_a, h_b)
+        assert aux_a.keys() == aux_b.keys() and aux_a
+        assert all(torch.equal(aux_a[k], aux_b[k]) for k in aux_a)
+        assert all(torch.equal(a, b) for a, b in zip(g_a, g_b, strict=True))
