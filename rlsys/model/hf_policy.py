@@ -96,6 +96,14 @@ class HFPolicy(nn.Module):
         state = {k: v.detach() for k, v in self._hf[0].state_dict().items()}
         return revert_weight_conversion(self._hf[0], state)
 
+    def set_trunk_graphs(self, on: bool) -> None:
+        """The graphed trunk (`trainer.cuda_graphs`) is rlsys's own model's: refused here."""
+        if on:
+            raise ValueError(
+                "trainer.cuda_graphs needs rlsys's own policy model, not a Hugging Face "
+                "one: turn trainer.cuda_graphs off"
+            )
+
     def set_activation_checkpointing(self, on: bool) -> None:
         """Transformers' own gradient checkpointing of its decoder layers."""
         causal_lm = self._hf[0]

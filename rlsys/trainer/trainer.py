@@ -124,14 +124,7 @@ class Trainer:
         self.parallel = strategy_for(data_parallel)
         self.parallel.prepare(model)
         model.set_activation_checkpointing(cfg.activation_checkpointing)
-        # the config allows graphs only with one local rank and no checkpointing
-        if hasattr(model, "set_trunk_graphs"):
-            model.set_trunk_graphs(cfg.cuda_graphs)
-        elif cfg.cuda_graphs:
-            raise ValueError(
-                f"trainer.cuda_graphs needs rlsys's own policy model, not "
-                f"{type(model).__name__}: turn trainer.cuda_graphs off"
-            )
+        model.set_trunk_graphs(cfg.cuda_graphs)  # the config: one local rank, no checkpointing
         self.device = next(model.parameters()).device
         # fused: one kernel per step for every parameter (the per-parameter or foreach
         # updates are hundreds of launches); the optimiser's numerics are the trainer's own,
