@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_trainer_gpu import gpu_busy  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
 from rlsys.model import Transformer  # noqa: E402
 from rlsys.model.attention import SeqSpan  # noqa: E402
@@ -67,15 +67,6 @@ def wall_ms(fn: object, h: Tensor, grad: Tensor, iters: int) -> float:
         step(fn, h, grad)
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / iters * 1e3
-
-
-def kernel_ms(fn: object, h: Tensor, grad: Tensor) -> float:
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step(fn, h, grad)
-        torch.cuda.synchronize()
-    events = prof.key_averages()
-    return sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / 1e3
 
 
 def grads_of(module: nn.Module, h: Tensor) -> list[Tensor]:
@@ -137,7 +128,7 @@ def probe(block: Block, cfg: object, length: int, iters: int, mode: str) -> dict
     out = step(call, h, grad)  # warm-up: compiles every kernel
     eager_out, eager_grads = out.detach().clone(), grads_of(call, h)
     row["eager_ms"] = wall_ms(call, h, grad, iters)
-    row["kernel_ms"] = kernel_ms(call, h, grad)
+    row["kernel_ms"] = gpu_busy(lambda: step(call, h, grad))[0] * 1e3
     zero(call, h)
     torch.cuda.synchronize()
     warnings.showwarning = _show_with_stack

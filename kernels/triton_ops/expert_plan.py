@@ -10,8 +10,9 @@ From `counts` (E,) rows per expert (rows sorted by expert), one program writes:
 
 Invariant: the same integers as the torch form the trainer ran before (a searchsorted over
 the tile ends; `tests/kernels/test_expert_plan.py` keeps it as the oracle), surplus tiles
-included, so every kernel that reads the table is unchanged. It replaces that form's ~13 small torch ops per MoE layer and
-micro-batch (each a launch and a dispatch the trainer's host pays for) with one launch.
+included, so every kernel that reads the table is unchanged. It replaces that form's ~13
+small torch ops per MoE layer and micro-batch (each a launch and a dispatch the trainer's
+host pays for) with one launch.
 """
 
 from __future__ import annotations

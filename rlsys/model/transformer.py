@@ -226,12 +226,12 @@ class Transformer(nn.Module):
         """Sequences from position 0: packed K/V (Triton) or fresh per-sequence caches."""
         dev = tokens.device
         if use_triton(tokens):
-            graphs, tp = self.trunk_graphs, self._tp_degree()
+            graphs = self.trunk_graphs
             if graphs is not None and graphs.applies(
-                self, tokens, routing, self.checkpoint_blocks, tp
+                self, tokens, routing, self.checkpoint_blocks, self._tp_degree()
             ):
                 assert routing is None or isinstance(routing, RoutingReplay)
-                h = torch.nn.functional.embedding(tokens, self.embed).float()
+                h = self._embed(tokens)
                 return graphs.run(self.blocks, h, spans, routing, aux, self._packed(spans, dev))
             positions = self._positions(spans, dev)
             kv = packed_kv(self.cfg, spans, dev)
@@ -254,9 +254,23 @@ class Transformer(nn.Module):
         routing: Routing | None,
         aux: AuxLosses | None,
     ) -> Tensor:
-        # F.embedding, not indexing: its backward sums duplicate tokens in one pass (index_put
-        # runs them serially on CUDA); the forward is the same copy
-        h = torch.nn.functional.embedding(tokens, self.embed).float()  # fp32 residual stream
+        return self._blocks(self._embed(tokens), positions, spans, layer_kv, routing, aux)
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        """The fp32 residual stream's first rows. F.embedding, not indexing: its backward
+        sums duplicate tokens in one pass (index_put runs them serially on CUDA); the
+        forward is the same copy."""
+        return torch.nn.functional.embedding(tokens, self.embed).float()
+
+    def _blocks(
+        self,
+        h: Tensor,
+        positions: Tensor,
+        spans: list[SeqSpan],
+        layer_kv: Callable[[int], list[LayerCache] | TritonKV],
+        routing: Routing | None,
+        aux: AuxLosses | None,
+    ) -> Tensor:
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             if recompute:
@@ -280,9 +294,7 @@ class Transformer(nn.Module):
             kv = packed_kv(self.cfg, spans, dev)
 
             def blocks(h: Tensor, routing: Routing | None, aux: AuxLosses | None) -> Tensor:
-                for block in self.blocks:
-                    h = block(h, positions, spans, kv, routing, aux)
-                return h
+                return self._blocks(h, positions, spans, lambda _: kv, routing, aux)
 
             return blocks, (positions, kv)
 
