@@ -58,6 +58,7 @@ ORDER = [
     "job_ends",
     "gpu_h100_two_sessions",
     "gpu_trunk_graphs",
+    "gpu_step_phases",
     "ci_time",
 ]
 

@@ -44,6 +44,7 @@ from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.config.algo import AlgoConfig  # noqa: E402
 from rlsys.config.job import TrainerSection  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
+from rlsys.engine.route_log import TokenRoutes  # noqa: E402
 from rlsys.kernels.dispatch import WORKSPACE_ENV  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
 from rlsys.trainer import Trainer  # noqa: E402
@@ -93,7 +94,10 @@ def trajectory(model: Transformer, length: int, device: str = "cuda") -> Traject
         logprobs=picked,
         versions=[0] * len(targets_h),
         candidates=[sorted({*top_h[r], targets_h[j]}) for j, r in enumerate(rows)],
-        routed=[{"indices": idx[:, r], "gates": gates[:, r]} for r in rows],
+        # as the engine hands them over: one compact block per generation (`TokenRoutes`)
+        routed=TokenRoutes(
+            {"indices": idx[:, rows].to(torch.uint8), "gates": gates[:, rows].contiguous()}
+        ),
     )
     return Trajectory("r0", "g", "t", [seg], reward=1.0)
 

@@ -1,22 +1,23 @@
 """Host time of packing a trainer step's micro-batches (`rlsys.trainer.batch.pack`).
 
 Usage: python benchmarks/bench_trainer_pack.py [--preset large] [--lengths 8192,32768]
-    [--repeat 3]
+    [--repeat 3] [--forms block,per-token]
 
 `Trainer._plan` packs every micro-batch of a step before the first forward, so the GPU
 waits for it; with the trunk replayed as CUDA graphs the step is short enough for this to
 matter. Per length: two trajectories shaped as `bench_trainer_gpu.py` builds them (a
 256-token prompt, then policy tokens with a log-prob, a version, a top-64 candidate set
-and the routed experts of every MoE layer per row, as per-row tensors), each packed as its
-own micro-batch (`micro_batch_tokens` = length), `--repeat` times; prints the best, the
+and the routed experts of every MoE layer per row), each packed as its own micro-batch (`micro_batch_tokens` = length), `--repeat` times; prints the best, the
 spread and the share of the time spent in the routes and in the candidate sets (cProfile
-of one more round). Host-only: runs anywhere, the figures are this machine's.
+of one more round). Routes in both forms a segment can hold them (`ROUTE_FORMS`): the
+engine's block, and the per-token entries segments held before (the anchor). Host-only: runs anywhere, the figures are this machine's.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import sys
 import time
@@ -27,16 +28,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlsys.config.model import preset  # noqa: E402
+from rlsys.engine.route_log import TokenRoutes  # noqa: E402
 from rlsys.trainer.batch import pack  # noqa: E402
 from rlsys.trajectory import Segment, Trajectory  # noqa: E402
 
 PROMPT, CANDIDATES = 256, 64
+# how a generation's routes reach the segment: the engine's one block (`TokenRoutes`, kept
+# whole by `RouteRows`), or cut into one {"indices", "gates"} entry per token (the anchor:
+# what segments stored before)
+ROUTE_FORMS = {
+    "block": lambda ids, gates: TokenRoutes({"indices": ids, "gates": gates}),
+    "per-token": lambda ids, gates: list(TokenRoutes({"indices": ids, "gates": gates})),
+}
 
 
-def trajectory(layers: int, k: int, length: int, seed: int) -> Trajectory:
+def trajectory(layers: int, k: int, length: int, seed: int, form: str = "block") -> Trajectory:
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 256, (length,), generator=g).tolist()
-    idx = torch.randint(0, 32, (layers, length, k), generator=g)
+    idx = torch.randint(0, 32, (layers, length, k), generator=g).to(torch.uint8)
     gates = torch.rand(layers, length, k, generator=g)
     top = torch.randint(0, 256, (length, CANDIDATES), generator=g).tolist()
     rows = range(PROMPT - 1, length - 1)
@@ -50,7 +59,9 @@ def trajectory(layers: int, k: int, length: int, seed: int) -> Trajectory:
         logprobs=[-1.0] * len(targets),
         versions=[0] * len(targets),
         candidates=[sorted({*top[r], targets[j]}) for j, r in enumerate(rows)],
-        routed=[{"indices": idx[:, r], "gates": gates[:, r]} for r in rows],
+        routed=ROUTE_FORMS[form](
+            idx[:, PROMPT - 1 : length - 1], gates[:, PROMPT - 1 : length - 1]
+        ),
     )
     return Trajectory("r0", "g", "t", [seg], reward=1.0)
 
@@ -60,15 +71,20 @@ def main() -> None:
     p.add_argument("--preset", default="large")
     p.add_argument("--lengths", default="8192,32768")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--forms", default="block,per-token", help="of " + ", ".join(ROUTE_FORMS))
     args = p.parse_args()
     cfg = preset(args.preset)
     layers, k = cfg.n_layers, cfg.experts_per_token
     print(f"preset {args.preset}: {layers} MoE layers x top-{k} routes per row, "
           f"{CANDIDATES} candidates per policy token; 2 trajectories, one micro-batch each")  # fmt: skip
-    print("\n| tokens/seq | pack s per step (best) | spread | routes | candidate sets |")
-    print("|---:|---:|---|---:|---:|")
-    for length in (int(x) for x in args.lengths.split(",")):
-        trajs = [trajectory(layers, k, length, seed) for seed in (0, 1)]
+    print(
+        "\n| tokens/seq | routes as | pack s per step (best) | spread | routes | candidate sets |"
+    )
+    print("|---:|---|---:|---|---:|---:|")
+    for length, form in itertools.product(
+        (int(x) for x in args.lengths.split(",")), args.forms.split(",")
+    ):
+        trajs = [trajectory(layers, k, length, seed, form) for seed in (0, 1)]
         items = [[(i, t.segments[0], t)] for i, t in enumerate(trajs)]
         times = []
         for _ in range(args.repeat):
@@ -88,7 +104,7 @@ def main() -> None:
             for name in ("_routes", "_candidates")
         }
         print(
-            f"| {length} | {min(times):.3f} | {min(times):.3f}-{max(times):.3f} "
+            f"| {length} | {form} | {min(times):.3f} | {min(times):.3f}-{max(times):.3f} "
             f"| {share['_routes']:.0%} | {share['_candidates']:.0%} |",
             flush=True,
         )

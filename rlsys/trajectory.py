@@ -12,7 +12,8 @@ prompt and observation tokens come with the next request's `prompt_routed_expert
 (`fill_context_routes`, kept as blocks in `context_routes`), so every row the policy
 conditioned on carries the route the engine used. A token with neither has no record
 (then the trainer's router decides). With `engine.record_selections` each route also holds
-the row's Sparse GQA block selections ("blocks"), replayed the same way.
+the row's Sparse GQA block selections ("blocks"), replayed the same way. A generation's routes arrive
+as the engine's one block and stay one (`RouteRows`, `rlsys/route_rows.py`), read per token.
 
 One route per row is what the engine used for a row as first computed. A weight update
 between two requests of a segment (or inside one) makes the engine compute earlier rows
@@ -28,8 +29,11 @@ the tokens of that turn (`turn_index[i] == turn`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from rlsys.route_rows import RouteRows, routes_block
 
 
 class Generation(Protocol):
@@ -50,13 +54,18 @@ class Segment:
     versions: list[int] = field(default_factory=list)  # -1 where not a policy token
     turn_index: list[int] = field(default_factory=list)  # -1 for the initial prompt
     candidate_ids: list[list[int] | None] = field(default_factory=list)
-    routed_experts: list[Any] = field(default_factory=list)  # per token; None if not policy
+    # per token; None if not policy. An engine result's block stays one block (`route_rows`)
+    routed_experts: RouteRows = field(default_factory=RouteRows)
     # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes;
     # "gates" absent with engine.route_gates none, "blocks" (S, n, Hkv, W) with selections
     context_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     # (version, routes of rows 0..n-1 as that version computed them), in request order
     version_routes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     last_request_version: int | None = None  # the policy version of the latest request
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.routed_experts, RouteRows):
+            self.routed_experts = RouteRows(self.routed_experts)
 
     def append(
         self,
@@ -67,7 +76,7 @@ class Segment:
         logprobs: list[float] | None = None,
         versions: list[int] | None = None,
         candidates: list[list[int]] | None = None,
-        routed: list[Any] | None = None,
+        routed: Sequence[Any] | None = None,
     ) -> None:
         n = len(ids)
         self.token_ids += ids
@@ -91,7 +100,14 @@ class Segment:
             logprobs=list(result.logprobs),
             versions=list(result.versions),
             candidates=list(result.candidate_ids) or None,
-            routed=None if routed is None else list(routed),
+            # the engine's block (`TokenRoutes`) stays one block; anything else, a copy
+            routed=(
+                None
+                if routed is None
+                else routed
+                if routes_block(routed) is not None
+                else list(routed)
+            ),
         )
 
     def fill_context_routes(self, context_routes: Any) -> int:
@@ -136,7 +152,11 @@ class Segment:
 
     def route_frontier(self) -> int:
         """The first token index (>= 1) after the last token that has a recorded route."""
-        last = max((i for i, e in enumerate(self.routed_experts) if e is not None), default=0)
+        rows = self.routed_experts
+        if isinstance(rows, RouteRows):
+            last = max(rows.last_recorded(), 0)
+        else:  # a segment pickled before `RouteRows`
+            last = max((i for i, e in enumerate(rows) if e is not None), default=0)
         for start, block in self.context_routes:
             last = max(last, start + int(block["indices"].shape[1]) - 1)
         return last + 1

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from rlsys.kernels.host_to_device import moved_without_sync
 from rlsys.model.routing import RoutedExperts
+from rlsys.route_rows import route_runs
 from rlsys.trajectory import Segment, Trajectory
 
 
@@ -102,7 +103,8 @@ def pack(
 
     `version`: the forward runs under that policy version, so a segment's table of the
     routes that version computed (`Segment.version_table`) overrides its per-row routes."""
-    tokens, spans, policy, cands = [], [], [], []
+    tokens, spans, cands = [], [], []
+    columns: list[tuple[np.ndarray, ...]] = []  # per segment: the policy tokens' columns
     route_rows: list[tuple[int, Any]] = []
     route_blocks: list[tuple[int, dict[str, Any]]] = []
     overrides: list[tuple[int, dict[str, Any]]] = []
@@ -111,39 +113,59 @@ def pack(
         spans.append((row, len(seg.token_ids)))
         tokens += seg.token_ids
         if with_routes:  # every recorded row, policy or context (R3 over all of them)
-            route_rows += [
-                (row + i - 1, entry)
-                for i, entry in enumerate(seg.routed_experts)
-                if i and entry is not None
-            ]
             route_blocks += [(row + start - 1, block) for start, block in seg.context_routes]
+            for start, run in route_runs(seg.routed_experts):
+                if isinstance(run, dict):  # an engine result's block: copied in one go
+                    if start == 0:  # token 0 has no row before it in its span
+                        run = {key: t[:, 1:] for key, t in run.items()}
+                        start = 1
+                    route_blocks.append((row + start - 1, run))
+                    continue
+                route_rows += [
+                    (row + start + j - 1, entry)
+                    for j, entry in enumerate(run)
+                    if start + j and entry is not None
+                ]
             table = seg.version_table(version) if version is not None else None
             if table is not None:
                 overrides.append((row, table))
-        for i, is_policy in enumerate(seg.policy_mask):
-            if not is_policy:
-                continue
-            assert i > 0, "a segment starts with its prompt, never with a policy token"
-            penalty = traj.turn_penalties.get(seg.turn_index[i], 0.0)
-            policy.append(
-                (row + i - 1, seg.token_ids[i], seg.logprobs[i], seg.versions[i], sample)
-                + (traj.reward + penalty, penalty)
+        # the policy tokens' columns, a segment at a time (a Python tuple per token cost
+        # ~a fifth of packing two 8K-token sequences)
+        at = np.flatnonzero(np.asarray(seg.policy_mask, dtype=bool))
+        if at.size:
+            assert at[0] > 0, "a segment starts with its prompt, never with a policy token"
+            penalty = np.zeros(at.size)
+            if traj.turn_penalties:
+                turns = np.asarray(seg.turn_index, dtype=np.int64)[at]
+                for turn, value in traj.turn_penalties.items():
+                    penalty[turns == turn] = value
+            columns.append(
+                (
+                    row + at - 1,
+                    np.asarray(seg.token_ids, dtype=np.int64)[at],
+                    np.asarray(seg.logprobs, dtype=np.float64)[at],
+                    np.asarray(seg.versions, dtype=np.int64)[at],
+                    np.full(at.size, sample, dtype=np.int64),
+                    traj.reward + penalty,
+                    penalty,
+                )
             )
-            cands.append(seg.candidate_ids[i])
+            cands += [seg.candidate_ids[i] for i in at.tolist()]
         row += len(seg.token_ids)
-    cols = list(zip(*policy, strict=True)) if policy else [()] * 7
+    # seven columns, each the segments' parts in order (empty when no policy token)
+    cols = [np.concatenate(c) for c in zip(*columns, strict=True)] or [np.zeros(0)] * 7
     cand_PC, has_cand_P = _candidates(cands)
     routes, routed = _routes(route_rows, route_blocks, row, overrides)
     return PackedBatch(
         tokens_N=torch.tensor(tokens, dtype=torch.int64),
         spans=spans,
-        pred_rows_P=torch.tensor(cols[0], dtype=torch.int64),
-        targets_P=torch.tensor(cols[1], dtype=torch.int64),
-        behaviour_P=torch.tensor(cols[2], dtype=torch.float32),
-        versions_P=torch.tensor(cols[3], dtype=torch.int64),
-        sample_P=torch.tensor(cols[4], dtype=torch.int64),
-        returns_P=torch.tensor(cols[5], dtype=torch.float32),
-        penalties_P=torch.tensor(cols[6], dtype=torch.float32),
+        pred_rows_P=_column(cols[0], torch.int64),
+        targets_P=_column(cols[1], torch.int64),
+        behaviour_P=_column(cols[2], torch.float32),
+        versions_P=_column(cols[3], torch.int64),
+        sample_P=_column(cols[4], torch.int64),
+        returns_P=_column(cols[5], torch.float32),
+        penalties_P=_column(cols[6], torch.float32),
         candidates_PC=cand_PC,
         has_candidates_P=has_cand_P,
         routes=routes,
@@ -151,18 +173,22 @@ def pack(
     )
 
 
+def _column(values: np.ndarray, dtype: torch.dtype) -> Tensor:
+    """A packed column as a tensor of `dtype` (float64 values round once, to fp32)."""
+    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+
+
 def _candidates(cands: list[Any]) -> tuple[Tensor, Tensor]:
-    """(P, C) candidate ids padded with -1, and which rows have a set. One copy of all the
-    ids (a tensor op per row would cost ~tens of microseconds on a 16K-token batch each)."""
+    """(P, C) candidate ids padded with -1, and which rows have a set. One conversion of all
+    the ids and one masked copy (a tensor op per row would cost ~tens of microseconds on a
+    16K-token batch each)."""
     lens = np.fromiter((len(c) if c is not None else 0 for c in cands), np.int64, len(cands))
-    flat = np.fromiter(itertools.chain.from_iterable(c for c in cands if c), np.int64)
+    total = int(lens.sum())
+    flat = np.fromiter(itertools.chain.from_iterable(c for c in cands if c), np.int64, total)
     width = int(lens.max()) if len(cands) else 0
-    cand_PC = torch.full((len(cands), width), -1, dtype=torch.int64)
-    if flat.size:
-        rows = np.repeat(np.arange(len(cands)), lens)
-        cols = np.arange(flat.size) - np.repeat(np.cumsum(lens) - lens, lens)
-        cand_PC[torch.from_numpy(rows), torch.from_numpy(cols)] = torch.from_numpy(flat)
-    return cand_PC, torch.from_numpy(lens > 0)
+    cand_PC = np.full((len(cands), width), -1, dtype=np.int64)
+    cand_PC[np.arange(width) < lens[:, None]] = flat  # row-major: each row's set in order
+    return torch.from_numpy(cand_PC), torch.from_numpy(lens > 0)
 
 
 def _stacked(entries: list[tuple[int, Any]]) -> tuple[Tensor, Tensor] | None:
