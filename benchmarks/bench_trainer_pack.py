@@ -7,10 +7,14 @@ Usage: python benchmarks/bench_trainer_pack.py [--preset large] [--lengths 8192,
 waits for it; with the trunk replayed as CUDA graphs the step is short enough for this to
 matter. Per length: two trajectories shaped as `bench_trainer_gpu.py` builds them (a
 256-token prompt, then policy tokens with a log-prob, a version, a top-64 candidate set
-and the routed experts of every MoE layer per row), each packed as its own micro-batch (`micro_batch_tokens` = length), `--repeat` times; prints the best, the
-spread and the share of the time spent in the routes and in the candidate sets (cProfile
-of one more round). Routes in both forms a segment can hold them (`ROUTE_FORMS`): the
-engine's block, and the per-token entries segments held before (the anchor). Host-only: runs anywhere, the figures are this machine's.
+and the routed experts of every MoE layer per row), each packed as its own micro-batch
+(`micro_batch_tokens` = length), `--repeat` times; prints the best, the spread and the
+share of the time spent in the routes and in the candidate sets (cProfile of one more
+round); then one trajectory's pickled size and unpickling time (a worker publishes it
+pickled to the rollout stream; the trainer's inbox unpickles it). Routes in both forms a
+segment can hold them (`ROUTE_FORMS`): the engine's block, and the per-token entries
+segments held before (the anchor). Host-only: runs anywhere, the figures are this
+machine's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import itertools
+import pickle
 import pstats
 import sys
 import time
@@ -78,9 +83,10 @@ def main() -> None:
     print(f"preset {args.preset}: {layers} MoE layers x top-{k} routes per row, "
           f"{CANDIDATES} candidates per policy token; 2 trajectories, one micro-batch each")  # fmt: skip
     print(
-        "\n| tokens/seq | routes as | pack s per step (best) | spread | routes | candidate sets |"
+        "\n| tokens/seq | routes as | pack s per step (best) | spread | routes | candidate sets "
+        "| pickled MB per trajectory | unpickle s per trajectory (best) |"
     )
-    print("|---:|---|---:|---|---:|---:|")
+    print("|---:|---|---:|---|---:|---:|---:|---:|")
     for length, form in itertools.product(
         (int(x) for x in args.lengths.split(",")), args.forms.split(",")
     ):
@@ -103,9 +109,16 @@ def main() -> None:
             name: sum(v[3] for f, v in stats.items() if f[2] == name) / total
             for name in ("_routes", "_candidates")
         }
+        payload = pickle.dumps(trajs[0])  # what a worker publishes to the rollout stream
+        loads = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            pickle.loads(payload)  # what the trainer's inbox does per trajectory
+            loads.append(time.perf_counter() - start)
         print(
             f"| {length} | {form} | {min(times):.3f} | {min(times):.3f}-{max(times):.3f} "
-            f"| {share['_routes']:.0%} | {share['_candidates']:.0%} |",
+            f"| {share['_routes']:.0%} | {share['_candidates']:.0%} "
+            f"| {len(payload) / 1e6:.1f} | {min(loads):.3f} |",
             flush=True,
         )
 

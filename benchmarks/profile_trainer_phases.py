@@ -97,9 +97,13 @@ def instrument(trainer: Trainer, clock: PhaseClock) -> None:
     trainer.optimizer.zero_grad = clock.wrap("zero_grad", trainer.optimizer.zero_grad)
     trainer.model.update_balance = clock.wrap("_update: balance", trainer.model.update_balance)
     trainer.parallel.reduce_step = clock.wrap("reduce_step", trainer.parallel.reduce_step)
-    PackedBatch.to = clock.wrap("batch.to (host to device)", PackedBatch.to)  # type: ignore[method-assign]
-    TokenSums.add = clock.wrap("sums.add", TokenSums.add)  # type: ignore[method-assign]
-    TokenSums.fill = clock.wrap("sums.fill (the step's read)", TokenSums.fill)  # type: ignore[method-assign]
+    # on the classes: each step's batches and sums are new objects
+    for cls, method, name in (
+        (PackedBatch, "to", "batch.to (host to device)"),
+        (TokenSums, "add", "sums.add"),
+        (TokenSums, "fill", "sums.fill (the step's read)"),
+    ):
+        setattr(cls, method, clock.wrap(name, getattr(cls, method)))
 
 
 def main() -> None:

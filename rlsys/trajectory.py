@@ -12,8 +12,9 @@ prompt and observation tokens come with the next request's `prompt_routed_expert
 (`fill_context_routes`, kept as blocks in `context_routes`), so every row the policy
 conditioned on carries the route the engine used. A token with neither has no record
 (then the trainer's router decides). With `engine.record_selections` each route also holds
-the row's Sparse GQA block selections ("blocks"), replayed the same way. A generation's routes arrive
-as the engine's one block and stay one (`RouteRows`, `rlsys/route_rows.py`), read per token.
+the row's Sparse GQA block selections ("blocks"), replayed the same way. A generation's
+routes arrive as the engine's one block and stay one (`RouteRows`, `rlsys/route_rows.py`),
+read per token.
 
 One route per row is what the engine used for a row as first computed. A weight update
 between two requests of a segment (or inside one) makes the engine compute earlier rows
