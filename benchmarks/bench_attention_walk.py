@@ -7,6 +7,7 @@ Usage (GPU machine, repository root):
     python benchmarks/bench_attention_walk.py --stages 4       # deeper load pipelining
     python benchmarks/bench_attention_walk.py --split-sweep --contexts 4096,131072
     python benchmarks/bench_attention_walk.py --backward --dkv-maxnreg 0,168,200  # trainer
+    python benchmarks/bench_attention_walk.py --backward --dkv-keys 0,32,64  # dK/dV chunks
     python benchmarks/bench_attention_walk.py --split-sweep --head-dims 64 --batches 64,256 \
         --contexts 4096,131072 --one-warp-maxnreg 0,168    # the one-warp part walk's cap
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -188,26 +190,42 @@ def split_table(d: int, ctx: int, batches: list[int]) -> None:
         torch.cuda.empty_cache()
 
 
-def backward_table(head_dims: list[int], caps: list[int], length: int) -> None:
-    """dq and dK/dV kernel time of one sequence's backward under each dK/dV register cap
-    (a launch option of the trainer's kernels: the values stay the same)."""
-    print(f"\n| head dim | dK/dV maxnreg | Sparse dq ms | Sparse dK/dV ms | SWA dq ms "
-          f"| SWA dK/dV ms | dK/dV regs/spills | ({length} tokens) |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---|---|")
+def backward_table(head_dims: list[int], caps: list[int], length: int, keys: list[int]) -> None:
+    """dq and dK/dV kernel time of one sequence's backward per dK/dV key chunk (`keys`, 0:
+    the forward's step; `attention_bwd.DKV_KEYS`) and register cap (launch options of the
+    trainer's kernels), with the wider chunks' largest dK/dV difference from the step's
+    (the same sums over other tile groupings: rounding only)."""
+    print(f"\n| head dim | dK/dV keys | dK/dV maxnreg | Sparse dq ms | Sparse dK/dV ms | SWA dq ms "
+          f"| SWA dK/dV ms | dK/dV regs/spills | max abs dK, dV diff vs step (Sparse; SWA) "
+          f"| ({length} tokens) |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
     for d in head_dims:
         sparse, swa = backward_calls(length, d)
-        for cap in caps:
-            attention_bwd.DKV_LAUNCH.pop("maxnreg", None)
+        attention_bwd.DKV_KEYS = None
+        reference = [f()[1:] for f in (sparse, swa)]
+        for width, cap in itertools.product(keys, caps):
+            attention_bwd.DKV_KEYS = width or None
+            launch = attention_bwd.DKV_LAUNCH if not width else attention_bwd.DKV_WIDE_LAUNCH
+            launch.pop("maxnreg", None)
             if cap:
-                attention_bwd.DKV_LAUNCH["maxnreg"] = cap
+                launch["maxnreg"] = cap
             before = set(compiled(attention_bwd._attn_bwd_dkv))
             cells = [f"{kernel_ms(f, (name,)):.3f}" for f in (sparse, swa)
                      for name in ("_attn_bwd_dq", "_attn_bwd_dkv")]  # fmt: skip
             regs = [f"{k.n_regs}/{k.n_spills}" for key, k in
                     compiled(attention_bwd._attn_bwd_dkv).items() if key not in before]  # fmt: skip
-            print(f"| {d} | {cap or '-'} | " + " | ".join(cells) + f" | {', '.join(regs)} | |",
+            diffs = [
+                max(
+                    float((a.float() - b.float()).abs().max())
+                    for a, b in zip(got, want, strict=True)
+                )
+                for got, want in zip((f()[1:] for f in (sparse, swa)), reference, strict=True)
+            ]
+            print(f"| {d} | {width or 'step'} | {cap or '-'} | " + " | ".join(cells)
+                  + f" | {', '.join(regs)} | {diffs[0]:.2e}; {diffs[1]:.2e} | |",
                   flush=True)  # fmt: skip
-        del sparse, swa
+        attention_bwd.DKV_KEYS = None
+        del sparse, swa, reference
         torch.cuda.empty_cache()
 
 
@@ -220,6 +238,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,16,32,64", help="decode batches of --split-sweep")
     parser.add_argument("--backward", action="store_true", help="the trainer's backward kernels")
     parser.add_argument("--dkv-maxnreg", default="0", help="dK/dV register caps (0: none)")
+    parser.add_argument("--dkv-keys", default="0,64", help="dK/dV key chunks (0: the step)")
     parser.add_argument("--length", type=int, default=32768, help="--backward's sequence")
     parser.add_argument(
         "--tile", type=int, default=PREFILL_T, help="query slots per program (prefill)"
@@ -251,7 +270,12 @@ def main() -> None:
           f"Sparse GQA step {SPARSE_STEP}")  # fmt: skip
     dims = [int(x) for x in args.head_dims.split(",")]
     if args.backward:
-        backward_table(dims, [int(x) for x in args.dkv_maxnreg.split(",")], args.length)
+        backward_table(
+            dims,
+            [int(x) for x in args.dkv_maxnreg.split(",")],
+            args.length,
+            [int(x) for x in args.dkv_keys.split(",")],
+        )
     elif args.split_sweep:
         caps = [int(x) for x in args.one_warp_maxnreg.split(",")] if args.one_warp_maxnreg else []
         for cap in caps or [0]:

@@ -95,6 +95,9 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
          forward_launch(d)),
         ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq", {}, attention_bwd.DQ_LAUNCH),
         ("backward dk dv", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {}, attention_bwd.DKV_LAUNCH),
+        # the wide key chunk (`attention_bwd.DKV_KEYS`): 64 keys per program
+        ("backward dk dv, 64 keys", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {"STEP": 64},
+         attention_bwd.DKV_WIDE_LAUNCH),
     ]  # fmt: skip
 
 

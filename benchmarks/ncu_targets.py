@@ -36,6 +36,7 @@ from benchmarks.bench_attention_walk import (  # noqa: E402
     prefill_calls,
 )
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
+from rlsys.kernels.triton_ops import attention_bwd  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks  # noqa: E402
 
 KERNELS = {  # the regex ncu's --kernel-name takes for each target
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="decode rows")
     parser.add_argument("--topk", type=int, default=4096, help="selected keys per query")
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--dkv-keys", type=int, default=0, help="dK/dV key chunk (0: the step)")
     parser.add_argument("--kernel", action="store_true", help="print the target's ncu regex")
     args = parser.parse_args()
     if args.kernel:
@@ -81,12 +83,14 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("ncu_targets needs a CUDA device (it is what Nsight Compute profiles)")
+    attention_bwd.DKV_KEYS = args.dkv_keys or None
     call = TARGETS[args.target](args)
     for _ in range(args.calls):
         call()
     torch.cuda.synchronize()
     kernel = KERNELS[args.target]
-    print(f"{args.target}: {args.calls} calls, sparse step {SPARSE_STEP}, kernel {kernel}")
+    print(f"{args.target}: {args.calls} calls, sparse step {SPARSE_STEP}, dK/dV keys "
+          f"{args.dkv_keys or 'step'}, kernel {kernel}")  # fmt: skip
 
 
 if __name__ == "__main__":

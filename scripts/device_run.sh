@@ -28,7 +28,7 @@
 #             _base`; it travels as untracked files); AB_TIMEOUT per tree
 #   ncu       Nsight Compute counters of one launch per target (benchmarks/ncu_targets.py:
 #             speed of light, occupancy, warp stalls; ncu-src-*.csv: the source page, Python
-#             lines and SASS with their counters); NCU_TARGETS is a
+#             lines and SASS with their counters; NCU_ARGS, e.g. --dkv-keys 64); NCU_TARGETS is a
 #             space list of target[:length[:head_dim]] (default: the 32K Sparse GQA prefill
 #             walk, the 128K top-k, the 32K dK/dV walk, a 64 x 4K decode walk)
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
@@ -142,7 +142,7 @@ for step in "$@"; do
           --section MemoryWorkloadAnalysis --section SourceCounters --import-source yes \
           -f -o "$rep" \
           python3 benchmarks/ncu_targets.py --target "$target" --length "${length:-32768}" \
-          --head-dim "${hd:-64}" 2>&1 | grep -v '^==PROF==' | tail -n 5
+          --head-dim "${hd:-64}" ${NCU_ARGS:-} 2>&1 | grep -v '^==PROF==' | tail -n 5
         if [ -f "$rep.ncu-rep" ]; then
           "$ncu_bin" --import "$rep.ncu-rep" --print-details all 2>&1 \
             | tee "$OUT/ncu-$target-${length:-32768}.log" | tail -n "${NCU_TAIL:-60}"

@@ -3,10 +3,13 @@ and the per-block attention mass that the indexer's KL loss needs.
 
 - `_attn_bwd_dq`: per (query tile, group), the forward's step walk, recomputing
   p = exp2(s - lse); dq = sum_steps dS K.
-- `_attn_bwd_dkv`: per (key step of a sequence, group), a walk over the query tiles that
-  visit that step (a window range for SWA, the inverse of the union lists for Sparse GQA);
+- `_attn_bwd_dkv`: per (key chunk of a sequence, group), a walk over the query tiles that
+  visit that chunk (a window range for SWA, the inverse of the union lists for Sparse GQA);
   dK and dV of a key are written by exactly one program: no atomics, so the backward is
-  deterministic run to run.
+  deterministic run to run. A chunk is the forward's key step, or `dkv_keys` keys (a
+  multiple of it: `DKV_KEYS`): a wider chunk reads each visiting tile's Q and dO rows
+  once for more keys, and its dK/dV products have M = `dkv_keys` rows (warp-group MMA
+  from 64), at the cost of walking the masked keys of tiles that visit only part of it.
 - `_block_mass`: per (query tile, group), the main attention's probability mass on each of
   a query's selected blocks, averaged over the group's heads, at the block's slot in the
   query's (ascending) selection.
@@ -40,6 +43,13 @@ from rlsys.kernels.triton_ops.common import dot_precision, interpreting, mma, ne
 # 11.4 ms at the deep-92 shape, 32K, on the H200, bitwise the same mass.
 DQ_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 DKV_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
+# dK/dV key chunk: None walks the forward's step (16 keys Sparse GQA, 32 SWA: the program
+# timed so far); an int (a multiple of the step, dividing the page, <= 32 blocks) walks
+# that many keys per program, with `DKV_WIDE_LAUNCH` (two (chunk, D) fp32 accumulators)
+DKV_KEYS: int | None = None
+# (sm_90, offline: 64 keys at head dim 128 spill 80 B with 2 stages, none with 1; 187 / 255
+# registers at head dim 64 / 128, so one program of 8 warps per SM: to be timed on a GPU)
+DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
 MASS_LAUNCH: dict[str, int] = {"num_warps": 2, "num_stages": 3}
 
 
@@ -248,8 +258,10 @@ def attention_backward(
     window: int = 0,
     sparse: tuple[Tensor, Tensor, Tensor] | None = None,
     block: int = 1,
+    dkv_keys: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of `attention_forward` for packed sequences starting at position 0."""
+    """dq, dk, dv of `attention_forward` for packed sequences starting at position 0.
+    `dkv_keys`: keys per dK/dV program (None: `DKV_KEYS`, else the step; module doc)."""
     hkv = k.shape[1]
     g = q.shape[1] // hkv
     do = do.contiguous()
@@ -268,9 +280,11 @@ def attention_backward(
         step_off, step_ids, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, scale, window, **meta, **DQ_LAUNCH,
     )  # fmt: skip
-    chunks = _key_chunks(seq_lens, tiles, step, q.device)
+    keys = dkv_keys or DKV_KEYS or step
+    _check_dkv_keys(keys, step, kv.page_size, block, sparse is not None)
+    chunks = _key_chunks(seq_lens, tiles, keys, q.device)
     inv_off, inv_tiles = (
-        _invert_steps(step_off, step_ids, tiles, chunks, hkv)
+        _invert_steps(step_off, step_ids, tiles, chunks, hkv, keys // step)
         if sparse is not None
         else (step_off, step_ids)
     )
@@ -278,9 +292,22 @@ def attention_backward(
         q, k, v, do, lse, delta, dk, dv, *_common_args(q, k, tiles, kv),
         chunks["seq"], chunks["step"], chunks["seq_len"], chunks["seq_tile0"], chunks["seq_ntiles"],
         inv_off, inv_tiles, bits, bits.stride(0), bits.stride(1),
-        scale * LOG2E, scale, window, **meta, **DKV_LAUNCH,
+        scale * LOG2E, scale, window, **{**meta, "STEP": keys},
+        **(DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH),
     )  # fmt: skip
     return dq, dk, dv
+
+
+def _check_dkv_keys(keys: int, step: int, page: int, block: int, sparse: bool) -> None:
+    """A dK/dV chunk lies in one page (one table entry per chunk), is whole steps (the
+    inverse lists are built from the forward's steps) and, for Sparse GQA, lies in one
+    32-block word of a row's selection bitmap (`row_visibility`)."""
+    if keys % step or page % keys or (sparse and keys > 32 * block):
+        raise ValueError(
+            f"dK/dV chunk of {keys} keys: needs a multiple of the step ({step}) that divides "
+            f"the page ({page})"
+            + (f" and spans at most 32 blocks ({32 * block})" if sparse else "")
+        )
 
 
 def _key_chunks(seq_lens: list[int], tiles: QueryTiles, step: int, device: torch.device) -> dict:
@@ -306,10 +333,13 @@ def _key_chunks_of(seq_lens: tuple[int, ...], T: int, step: int, device: str) ->
 
 
 def _invert_steps(
-    step_off: Tensor, step_ids: Tensor, tiles: QueryTiles, chunks: dict, hkv: int
+    step_off: Tensor, step_ids: Tensor, tiles: QueryTiles, chunks: dict, hkv: int, per: int = 1
 ) -> tuple[Tensor, Tensor]:
     """CSR over (key chunk, group) of the query tiles whose union visits that chunk,
-    ascending tile order (a fixed accumulation order for dK/dV).
+    ascending tile order (a fixed accumulation order for dK/dV), each tile once. A chunk is
+    `per` consecutive steps: a tile that visits several of them is listed once (its
+    repeats sort next to each other and are moved past every real key, as unused slots
+    are).
 
     Without a device sync: `step_ids` may be longer than its CSR's total (`union_steps`
     sizes it by a bound, so the host never reads the total), so every slot is inverted and
@@ -323,12 +353,19 @@ def _invert_steps(
     owner = torch.where(used, owner, 0)
     tile, g = owner // hkv, owner % hkv
     n_keys = chunks["n"] * hkv
-    chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids.long()
+    chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids.long() // per
     key = torch.where(used, chunk * hkv + g, n_keys)
     order = torch.argsort(key * tiles.n_tiles + tile, stable=True)
+    key, tile = key[order], tile[order]
+    if per > 1:  # a tile's second and later visits of one chunk: past every real key
+        repeat = torch.zeros_like(used)
+        repeat[1:] = (key[1:] == key[:-1]) & (tile[1:] == tile[:-1])
+        key = torch.where(repeat, n_keys, key)
+        order = torch.argsort(key * tiles.n_tiles + tile, stable=True)
+        key, tile = key[order], tile[order]
     keys = torch.arange(n_keys + 1, device=dev)
-    inv_off = torch.searchsorted(key[order], keys)  # first sorted slot of each key
-    return inv_off.to(torch.int32), tile[order].to(torch.int32)
+    inv_off = torch.searchsorted(key, keys)  # first sorted slot of each key
+    return inv_off.to(torch.int32), tile.to(torch.int32)
 
 
 def block_mass(

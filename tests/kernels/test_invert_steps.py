@@ -1,5 +1,6 @@
 """The Sparse GQA backward's inverse lists (`attention_bwd._invert_steps`): for every
-(key step, group), the query tiles whose union list visits it, ascending, from a CSR whose
+(key chunk of `per` steps, group), the query tiles whose union list visits it, ascending and
+each once (a tile visiting several steps of a wide chunk too), from a CSR whose
 id buffer is longer than its total (as `union_steps` sizes it, with garbage past the end),
 and on a GPU without a device sync (a sync per layer drained the trainer's queue)."""
 
@@ -15,7 +16,7 @@ CUDA = torch.cuda.is_available()
 T, STEP = 4, 8
 
 
-def _case(seed: int, device: str) -> tuple:
+def _case(seed: int, device: str, per: int = 1) -> tuple:
     g = torch.Generator().manual_seed(seed)
     hkv = int(torch.randint(1, 5, (1,), generator=g))
     lengths = torch.randint(1, 120, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g)
@@ -24,7 +25,7 @@ def _case(seed: int, device: str) -> tuple:
         spans.append(Span(s, row, n, 0))
         row += n
     tiles = plan_tiles(spans, T, device)
-    chunks = _key_chunks(lengths.tolist(), tiles, STEP, torch.device(device))
+    chunks = _key_chunks(lengths.tolist(), tiles, STEP * per, torch.device(device))
     offsets, ids, lists = [0], [], {}
     for t in range(tiles.n_tiles):
         reach = (int(tiles.hi[t]) - 1) // STEP + 1
@@ -40,14 +41,15 @@ def _case(seed: int, device: str) -> tuple:
     return hkv, tiles, chunks, step_off, step_ids.to(device), lists
 
 
-def _expected(hkv: int, tiles, chunks: dict, lists: dict) -> dict:  # noqa: ANN001
+def _expected(hkv: int, tiles, chunks: dict, lists: dict, per: int = 1) -> dict:  # noqa: ANN001
     chunk0 = chunks["chunk0"].cpu()
     seq = tiles.seq.cpu()
     inverse: dict[int, list[int]] = {}
     for (t, grp), steps in sorted(lists.items()):
         for c in steps:
-            key = (int(chunk0[int(seq[t])]) + c) * hkv + grp
-            inverse.setdefault(key, []).append(t)
+            key = (int(chunk0[int(seq[t])]) + c // per) * hkv + grp
+            if t not in inverse.setdefault(key, []):
+                inverse[key].append(t)
     return inverse
 
 
@@ -59,21 +61,25 @@ def _assert_inverse(
         assert got == want.get(key, []), key
 
 
+@pytest.mark.parametrize("per", [1, 2, 4], ids=["step", "2-steps", "4-steps"])
 @pytest.mark.parametrize("seed", range(12))
-def test_inverse_lists_hold_each_visiting_tile_once_ascending(seed: int) -> None:
-    hkv, tiles, chunks, step_off, step_ids, lists = _case(seed, "cpu")
-    inv_off, inv_tiles = _invert_steps(step_off, step_ids, tiles, chunks, hkv)
+def test_inverse_lists_hold_each_visiting_tile_once_ascending(seed: int, per: int) -> None:
+    hkv, tiles, chunks, step_off, step_ids, lists = _case(seed, "cpu", per)
+    inv_off, inv_tiles = _invert_steps(step_off, step_ids, tiles, chunks, hkv, per)
     assert inv_off.shape[0] == chunks["n"] * hkv + 1 and int(inv_off[0]) == 0
-    _assert_inverse(inv_off, inv_tiles, _expected(hkv, tiles, chunks, lists), chunks["n"] * hkv)
+    want = _expected(hkv, tiles, chunks, lists, per)
+    _assert_inverse(inv_off, inv_tiles, want, chunks["n"] * hkv)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_inverse_lists_are_built_without_a_device_sync() -> None:
-    hkv, tiles, chunks, step_off, step_ids, lists = _case(3, "cuda")
+@pytest.mark.parametrize("per", [1, 4], ids=["step", "4-steps"])
+def test_inverse_lists_are_built_without_a_device_sync(per: int) -> None:
+    hkv, tiles, chunks, step_off, step_ids, lists = _case(3, "cuda", per)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        inv_off, inv_tiles = _invert_steps(step_off, step_ids, tiles, chunks, hkv)
+        inv_off, inv_tiles = _invert_steps(step_off, step_ids, tiles, chunks, hkv, per)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    _assert_inverse(inv_off, inv_tiles, _expected(hkv, tiles, chunks, lists), chunks["n"] * hkv)
+    want = _expected(hkv, tiles, chunks, lists, per)
+    _assert_inverse(inv_off, inv_tiles, want, chunks["n"] * hkv)

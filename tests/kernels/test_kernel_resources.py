@@ -67,3 +67,16 @@ def test_the_forward_walk_multiplies_on_warp_group_mma_from_swizzled_shared_memo
     kv = [line for line in tiles if "bf16" in line]
     assert kv and all("#shared," in line or "#shared2," in line for line in kv), kv
     assert "swizzlingByteWidth = 128" in ir
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_wide_dkv_chunk_runs_all_four_products_on_warp_group_mma(d: int) -> None:
+    # the 16-key program's dV and dK products have M = 16 rows: mma.sync, with Q and dO
+    # re-read from shared memory every tile (Nsight Compute: L1/shared-bound at 84%); a
+    # 64-key chunk gives them M = 64, warp-group MMA, within the register file unspilled
+    narrow = intermediate("backward dk dv", d, True)
+    wide = intermediate("backward dk dv, 64 keys", d, True)
+    assert narrow.count("ttng.warp_group_dot ") == 2 and narrow.count("tt.dot ") == 2
+    assert wide.count("ttng.warp_group_dot ") == 4 and "tt.dot " not in wide
+    used = resources("backward dk dv, 64 keys", d, True)
+    assert used.stack == 0, used

@@ -201,11 +201,19 @@ def _dense_grads(q, k, v, do, lengths, allowed):  # noqa: ANN001, ANN202
     return out.detach(), qq.grad, kk.grad, vv.grad, p.detach()
 
 
+# (page size, keys per dK/dV program): the forward's 16-key step, and wider chunks that
+# span several steps (a tile visiting some of them is walked once, its other keys masked)
+DKV_CHUNKS = [(32, None), (32, 32), (64, 64)]
+
+
+@pytest.mark.parametrize(("page", "dkv_keys"), DKV_CHUNKS, ids=["step", "32-keys", "64-keys"])
 @pytest.mark.parametrize("kind", ["swa", "sparse"])
-def test_backward_matches_autograd_of_the_dense_attention(kind: str, rescale_rule: str) -> None:
+def test_backward_matches_autograd_of_the_dense_attention(
+    kind: str, page: int, dkv_keys: int | None, rescale_rule: str
+) -> None:
     lengths = [40, 7, 50]
     q, k, v, do = _packed(lengths, seed=11)
-    kv = contiguous_table(lengths, 32, DEV)
+    kv = contiguous_table(lengths, page, DEV)
     tiles = plan_tiles(prefill_spans(lengths), T, DEV)
     if kind == "swa":
         kw = {"window": WINDOW}
@@ -220,7 +228,12 @@ def test_backward_matches_autograd_of_the_dense_attention(kind: str, rescale_rul
         qi = torch.randn(sum(lengths), HKV, IDX, generator=g).to(DEV)
         bkeys = torch.randn(sum(lengths), IDX, generator=g).to(DEV)
         sel = select_blocks(
-            qi, bkeys, tiles, PagedKV(kv.block_table // BLK, 32 // BLK), topk_blocks=KSEL, block=BLK
+            qi,
+            bkeys,
+            tiles,
+            PagedKV(kv.block_table // BLK, page // BLK),
+            topk_blocks=KSEL,
+            block=BLK,
         )
         off, ids = union_steps(sel, tiles, block=BLK, step=16)
         kw = {"sparse": (off, ids, sel.bits), "block": BLK}
@@ -232,7 +245,7 @@ def test_backward_matches_autograd_of_the_dense_attention(kind: str, rescale_rul
 
     out, lse = attention_forward(q, k, v, tiles, kv, scale=SCALE, step=16, **kw)
     dq, dk, dv = attention_backward(
-        do, q, k, v, out, lse, tiles, kv, lengths, scale=SCALE, step=16, **kw
+        do, q, k, v, out, lse, tiles, kv, lengths, scale=SCALE, step=16, dkv_keys=dkv_keys, **kw
     )
     ro, rdq, rdk, rdv, probs = _dense_grads(q, k, v, do, lengths, allowed)
     for got, want in ((out, ro), (dq, rdq), (dk, rdk), (dv, rdv)):
@@ -258,3 +271,18 @@ def _pos_of(row: int, lengths: list[int]) -> int:
             return row
         row -= length
     raise AssertionError
+
+
+@pytest.mark.parametrize(
+    ("keys", "page", "sparse", "reason"),
+    [(24, 64, False, "multiple of the step"), (64, 32, False, "divides the page"),
+     (128, 128, True, "at most 32 blocks")],
+)  # fmt: skip
+def test_a_dkv_chunk_that_cannot_be_walked_is_refused_by_name(
+    keys: int, page: int, sparse: bool, reason: str
+) -> None:
+    from rlsys.kernels.triton_ops.attention_bwd import _check_dkv_keys
+
+    with pytest.raises(ValueError, match=f"dK/dV chunk of {keys} keys.*{reason}"):
+        _check_dkv_keys(keys, 16, page, BLK, sparse)
+    _check_dkv_keys(32, 16, 64, BLK, sparse)  # whole steps, in one page, 16 blocks
