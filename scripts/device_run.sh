@@ -11,6 +11,8 @@
 #   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium; ENGINE_ARGS)
 #   trainer   benchmarks/bench_trainer_gpu.py (trainer tokens/s and MFU, large; TRAINER_ARGS)
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
+#   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
+#             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
 #   bgraph    benchmarks/probe_block_graph.py (a block's host share; its forward + backward
 #             as one CUDA graph, bitwise and timed)
 #   tcount    benchmarks/count_trainer_ops.py (which project lines issue a step's aten ops;
@@ -100,6 +102,9 @@ for step in "$@"; do
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;
+    phases)
+      timeout "${PHASES_TIMEOUT:-200}" python3 benchmarks/profile_trainer_phases.py ${PHASES_ARGS:-} \
+        2>&1 | grep -v "Warning\|warn\|run_backward" | tee "$OUT/phases.log" ;;
     bgraph)
       timeout "${BGRAPH_TIMEOUT:-250}" python3 benchmarks/probe_block_graph.py ${BGRAPH_ARGS:-} \
         2>&1 | tee "$OUT/bgraph.log" ;;
