@@ -40,6 +40,26 @@ from rlsys.trainer import Trainer  # noqa: E402
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
+def profiled_trainer(
+    preset_name: str, layers: int, length: int, graphs: bool, device: str = "cuda"
+) -> tuple[Trainer, list]:
+    """The profiled step's trainer and its two trajectories of `length` tokens (the second
+    with reward 0): the preset cut to `layers` blocks (0: all), replay on, chunked LM
+    head, one sequence per micro-batch."""
+    torch.manual_seed(0)
+    cfg = preset(preset_name)
+    if layers:
+        cfg = cfg.with_overrides({"n_layers": layers})
+    model = Transformer(cfg).to(device)
+    trajs = [trajectory(model, length, device), trajectory(model, length, device)]
+    trajs[1].reward = 0.0
+    section = TrainerSection(
+        replay_experts="indices", replay_candidates=True, lm_head_chunk=1024,
+        micro_batch_tokens=length, mismatch_rollouts=0, cuda_graphs=graphs,
+    )  # fmt: skip
+    return Trainer(model, section, AlgoConfig(max_staleness=10**6)), trajs
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="large")
@@ -48,16 +68,7 @@ def main() -> None:
     p.add_argument("--syncs", action="store_true", help="list the step's host waits by place")
     p.add_argument("--graphs", action="store_true", help="the trunk as CUDA graphs (cuda_graphs)")
     args = p.parse_args()
-    torch.manual_seed(0)
-    cfg = preset(args.preset).with_overrides({"n_layers": args.layers})
-    model = Transformer(cfg).cuda()
-    trajs = [trajectory(model, args.length), trajectory(model, args.length)]
-    trajs[1].reward = 0.0
-    section = TrainerSection(
-        replay_experts="indices", replay_candidates=True, lm_head_chunk=1024,
-        micro_batch_tokens=args.length, mismatch_rollouts=0, cuda_graphs=args.graphs,
-    )  # fmt: skip
-    trainer = Trainer(model, section, AlgoConfig(max_staleness=10**6))
+    trainer, trajs = profiled_trainer(args.preset, args.layers, args.length, args.graphs)
     trainer.train_step(trajs)
     torch.cuda.synchronize()
     start = time.perf_counter()

@@ -29,11 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import rlsys.trainer.trainer as trainer_module  # noqa: E402
-from benchmarks.bench_trainer_gpu import trajectory  # noqa: E402
-from rlsys.config.algo import AlgoConfig  # noqa: E402
-from rlsys.config.job import TrainerSection  # noqa: E402
-from rlsys.config.model import preset  # noqa: E402
-from rlsys.model import Transformer  # noqa: E402
+from benchmarks.profile_trainer_gpu import profiled_trainer  # noqa: E402
 from rlsys.trainer import Trainer  # noqa: E402
 from rlsys.trainer.batch import PackedBatch  # noqa: E402
 from rlsys.trainer.metrics import TokenSums  # noqa: E402
@@ -116,19 +112,10 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--runtime", action="store_true", help="then the CUDA runtime calls")
     args = p.parse_args()
-    torch.manual_seed(0)
-    cfg = preset(args.preset)
-    if args.layers:
-        cfg = cfg.with_overrides({"n_layers": args.layers})
     cuda = args.device == "cuda"
-    model = Transformer(cfg).to(args.device)
-    trajs = [trajectory(model, args.length, args.device) for _ in range(2)]
-    trajs[1].reward = 0.0
-    section = TrainerSection(
-        replay_experts="indices", replay_candidates=True, lm_head_chunk=1024,
-        micro_batch_tokens=args.length, mismatch_rollouts=0, cuda_graphs=args.graphs,
-    )  # fmt: skip
-    trainer = Trainer(model, section, AlgoConfig(max_staleness=10**6))
+    trainer, trajs = profiled_trainer(
+        args.preset, args.layers, args.length, args.graphs, args.device
+    )
     clock = PhaseClock(cuda)
     instrument(trainer, clock)
     walls = []
@@ -141,7 +128,8 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
         walls.append(time.perf_counter() - start)
-    print(f"{args.preset} ({cfg.n_layers} blocks), 2 x {args.length} tokens, graphs "
+    blocks = len(trainer.model.blocks)  # type: ignore[attr-defined]
+    print(f"{args.preset} ({blocks} blocks), 2 x {args.length} tokens, graphs "
           f"{'on' if args.graphs else 'off'}, {args.device}; step walls "
           + ", ".join(f"{w:.3f}" for w in walls) + " s (first: warm-up)")  # fmt: skip
     wall = walls[-1]
