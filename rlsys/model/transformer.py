@@ -126,10 +126,10 @@ class Transformer(nn.Module):
         if caches and isinstance(caches[0], PagedSeqCache):
             assert self.page_pool is not None, "paged caches need attach_page_pool"
             kv = paged_kv(self.cfg, self.page_pool, spans, caches)  # type: ignore[arg-type]
-            h = self._trunk(tokens, positions, spans, lambda _: kv, routing, aux)
+            h = self._blocks(self._embed(tokens), positions, spans, lambda _: kv, routing, aux)
         else:
             layer_kv = lambda i: [c.layers[i] for c in caches]  # type: ignore[union-attr]  # noqa: E731
-            h = self._trunk(tokens, positions, spans, layer_kv, routing, aux)
+            h = self._blocks(self._embed(tokens), positions, spans, layer_kv, routing, aux)
         for span, cache in zip(spans, caches, strict=True):
             cache.length += span.n
             if isinstance(cache, PagedSeqCache):
@@ -145,7 +145,9 @@ class Transformer(nn.Module):
         tokens/positions (B,) -> fp32 logits (B, V). No host value shapes anything here, so
         the engine can capture it as a CUDA graph; caches are advanced by the layout."""
         spans = [SeqSpan(i, 1, 0) for i in range(tokens.shape[0])]  # unread on the Triton path
-        return self.logits(self._trunk(tokens, positions, spans, lambda _: kv, routing, None))
+        return self.logits(
+            self._blocks(self._embed(tokens), positions, spans, lambda _: kv, routing, None)
+        )
 
     @staticmethod
     def _loaded(module: nn.Module, incompatible: object) -> None:
@@ -235,7 +237,7 @@ class Transformer(nn.Module):
                 return graphs.run(self.blocks, h, spans, routing, aux, self._packed(spans, dev))
             positions = self._positions(spans, dev)
             kv = packed_kv(self.cfg, spans, dev)
-            return self._trunk(tokens, positions, spans, lambda _: kv, routing, aux)
+            return self._blocks(self._embed(tokens), positions, spans, lambda _: kv, routing, aux)
 
         def fresh_caches(i: int) -> list[LayerCache]:
             # fresh per call: a checkpointed block's recomputation must not see the K/V its
@@ -243,18 +245,7 @@ class Transformer(nn.Module):
             return [self.blocks[i].attn.new_cache(self.dtype, dev) for _ in spans]
 
         positions = self._positions(spans, dev)
-        return self._trunk(tokens, positions, spans, fresh_caches, routing, aux)
-
-    def _trunk(
-        self,
-        tokens: Tensor,
-        positions: Tensor,
-        spans: list[SeqSpan],
-        layer_kv: Callable[[int], list[LayerCache] | TritonKV],
-        routing: Routing | None,
-        aux: AuxLosses | None,
-    ) -> Tensor:
-        return self._blocks(self._embed(tokens), positions, spans, layer_kv, routing, aux)
+        return self._blocks(self._embed(tokens), positions, spans, fresh_caches, routing, aux)
 
     def _embed(self, tokens: Tensor) -> Tensor:
         """The fp32 residual stream's first rows. F.embedding, not indexing: its backward
