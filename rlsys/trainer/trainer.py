@@ -249,7 +249,7 @@ class Trainer:
         sums = TokenSums(has_reference=self.reference is not None)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        ahead = [*plan.mine[1:], None][: len(plan.mine)]  # a rank may have none (padding)
+        ahead = [*plan.mine[1:], None]
         for i, nxt, w in zip(plan.mine, ahead, plan.weights, strict=True):
             batch = plan.batches.on_device(i)
             prefetch = None if nxt is None else (lambda n=nxt: plan.batches.prefetch(n))
