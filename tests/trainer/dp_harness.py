@@ -3,11 +3,17 @@
 Each rank joins a real process group (gloo on CPU, NCCL on CUDA), builds the same tiny
 model from the same seed, is given the same trajectories, takes `steps` train steps and
 writes its metrics and the gathered full state (`full_state_dict`) to `out/rank{r}.pt`.
+Once every rank has written (a barrier), each destroys the group and leaves with
+`os._exit(0)`, past the interpreter's finalization (see `_rank`).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import gc
+import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,7 @@ import torch.multiprocessing as mp
 from rlsys.config.algo import AlgoConfig
 from rlsys.config.job import TrainerSection
 from rlsys.trainer import Trainer
-from rlsys.trainer.data_parallel import init_data_parallel
+from rlsys.trainer.data_parallel import DataParallel, init_data_parallel
 from rlsys.trainer.fsdp import full_state_dict
 from rlsys.trajectory import Trajectory
 from tests.trainer.helpers import tiny_model
@@ -45,23 +51,46 @@ def _rank(
     out: str,
     checkpoint: tuple[str | None, str | None],
 ) -> None:
+    faulthandler.enable(all_threads=True)  # a native abort prints every thread's stack
     torch.set_num_threads(1)
     if device == "cuda":
         torch.cuda.set_device(rank)
     dp = init_data_parallel(device, f"tcp://127.0.0.1:{port}", rank, world_size, 60.0)
     try:
-        model = tiny_model().to(device)
-        trainer = Trainer(model, TrainerSection.model_validate(trainer_cfg), algo, data_parallel=dp)
-        restore_from, save_to = checkpoint
-        if restore_from is not None:
-            trainer.restore(restore_from)
-        metrics = [trainer.train_step(trajs).metrics.as_dict() for _ in range(steps)]
-        state = full_state_dict(trainer.model)
-        if save_to is not None:
-            trainer.save_checkpoint(save_to)
-        torch.save({"metrics": metrics, "state": state}, Path(out) / f"rank{rank}.pt")
+        _steps(rank, device, trajs, trainer_cfg, algo, steps, out, checkpoint, dp)
+        dist.barrier()  # no rank tears its connections down while a peer still uses them
     finally:
+        gc.collect()  # the sharded model's cycles, and the group they hold, go first
         dist.destroy_process_group()
+    # The results are on disk. Skip interpreter finalization: a gloo group still referenced
+    # from a dying object there can abort the process (SIGABRT, "terminate called without an
+    # active exception") after a step that passed; exit code 0 tells the parent it did.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _steps(
+    rank: int,
+    device: str,
+    trajs: list[Trajectory],
+    trainer_cfg: dict[str, Any],
+    algo: AlgoConfig,
+    steps: int,
+    out: str,
+    checkpoint: tuple[str | None, str | None],
+    dp: DataParallel,
+) -> None:
+    model = tiny_model().to(device)
+    trainer = Trainer(model, TrainerSection.model_validate(trainer_cfg), algo, data_parallel=dp)
+    restore_from, save_to = checkpoint
+    if restore_from is not None:
+        trainer.restore(restore_from)
+    metrics = [trainer.train_step(trajs).metrics.as_dict() for _ in range(steps)]
+    state = full_state_dict(trainer.model)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    torch.save({"metrics": metrics, "state": state}, Path(out) / f"rank{rank}.pt")
 
 
 def run_ranks(
