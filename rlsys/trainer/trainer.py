@@ -33,7 +33,7 @@ trainer (model, optimisers, step, version, stream position, reference policy).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +61,7 @@ from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_pr
 from rlsys.trainer.metrics import StepMetrics, TokenSums, candidate_set_sizes
 from rlsys.trainer.mismatch import StaleMismatch
 from rlsys.trainer.mtp_loss import mtp_loss, mtp_nll
+from rlsys.trainer.step_batches import Group, StepBatches, check, group_rows, policy_samples
 from rlsys.trainer.strategy import strategy_for
 from rlsys.trajectory import Trajectory
 
@@ -86,12 +87,14 @@ class StepResult:
 
 @dataclass
 class StepPlan:
-    """What step 3 runs: this rank's packed micro-batches (on the device) and their
-    per-token weights, the outcome advantages and the whole step's normalisers."""
+    """What step 3 runs: the step's micro-batches (packed as the passes reach them), this
+    rank's share of them and their per-token weights, the outcome advantages and the whole
+    step's normalisers."""
 
-    packed: list[PackedBatch]  # every micro-batch of the step (host), every rank's
-    batches: list[PackedBatch]  # this rank's, on the device
-    weights: list[Tensor]
+    batches: StepBatches  # every micro-batch of the step, every rank's
+    mine: list[int]  # this rank's, in pass order
+    rows: list[int]  # packed rows of each micro-batch
+    weights: list[Tensor]  # per-token weights of this rank's micro-batches, on the device
     outcome: Tensor
     use_critic: bool
     aux_scale: float
@@ -187,9 +190,9 @@ class Trainer:
         clipped = self.model.grad_clamp_clipped() - clamp_before
         # the step's one read of device values: the token sums, the grad norm, the clamps
         norm, clipped_count = sums.fill(metrics, extra=(grad_norm, clipped))
-        metrics.candidate_set = candidate_set_sizes(plan.packed)  # host batches: no read
+        metrics.candidate_set = candidate_set_sizes(plan.batches.host())  # host: no read
         metrics.step, metrics.policy_version = self.step, self.version
-        metrics.num_tokens = sum(b.num_tokens for b in plan.packed)
+        metrics.num_tokens = sum(plan.rows)
         metrics.grad_norm = norm
         metrics.grad_clamp_clipped = self.parallel.reduce_count(int(clipped_count))
         metrics.critic_baseline = plan.use_critic
@@ -205,14 +208,13 @@ class Trainer:
         return kept, dropped
 
     def _plan(self, kept: list[Trajectory]) -> StepPlan:
-        """Advantages and this rank's micro-batches; every normaliser is the whole step's."""
-        # under this version: rows it recomputed are replayed with the routes it used
-        packed = [
-            pack(items, version=self.version)
-            for items in micro_batches(kept, self.cfg.micro_batch_tokens)
-        ]
-        mine, padding = self.parallel.share([b.num_tokens for b in packed])
-        all_weights = self._token_weights(packed, len(kept))
+        """Advantages and this rank's micro-batches; every normaliser is the whole step's.
+        Only the first micro-batch is packed here (`step_batches.py`)."""
+        groups = micro_batches(kept, self.cfg.micro_batch_tokens)
+        check(groups)
+        rows = [group_rows(g) for g in groups]
+        mine, padding = self.parallel.share(rows)
+        all_weights = self._token_weights(groups, len(kept))
         outcome = torch.tensor(
             group_relative(
                 [t.reward for t in kept],
@@ -223,29 +225,40 @@ class Trainer:
         )
         if self.algo.kl_coef > 0 and self.reference is None:
             self.reference = self.parallel.frozen_copy(self.model)
+        # under this version: rows it recomputed are replayed with the routes it used
+        batches = StepBatches(groups, self.version, self.device)
+        if mine:  # the first pass's batch: host-built, moved through pinned memory
+            batches.prefetch(mine[0])
         return StepPlan(
-            packed=packed,
-            # host-built: through pinned memory, no wait for the device (`host_to_device`)
-            batches=[packed[i].to(self.device) for i in mine],
+            batches=batches,
+            mine=mine,
+            rows=rows,
             weights=[moved_without_sync(all_weights[i], self.device) for i in mine],
             outcome=moved_without_sync(outcome, self.device),
             use_critic=self.critic is not None and self.critic.ready,
             # the model's auxiliary losses are sums of per-sequence terms: averaging them
             # over the step's sequences keeps the step independent of the micro-batch split
-            aux_scale=1.0 / sum(len(b.spans) for b in packed),
+            aux_scale=1.0 / sum(len(g) for g in groups),
             padding=padding,
         )
 
     def _passes(self, plan: StepPlan) -> TokenSums:
         """Every micro-batch's forward and backward (gradients accumulate), then the sums
-        made global."""
+        made global. The next micro-batch is packed while the device runs this one's
+        forward (`StepBatches.prefetch`, before this one's backward)."""
         sums = TokenSums(has_reference=self.reference is not None)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        for batch, w in zip(plan.batches, plan.weights, strict=True):
-            self._micro_step(batch, w, plan.outcome, plan.use_critic, plan.aux_scale, sums)
+        ahead = [*plan.mine[1:], None][: len(plan.mine)]  # a rank may have none (padding)
+        for i, nxt, w in zip(plan.mine, ahead, plan.weights, strict=True):
+            batch = plan.batches.on_device(i)
+            prefetch = None if nxt is None else (lambda n=nxt: plan.batches.prefetch(n))
+            self._micro_step(
+                batch, w, plan.outcome, plan.use_critic, plan.aux_scale, sums, prefetch
+            )
         if plan.padding:  # data parallel: a pass of weight 0 that changes no statistic
-            pad = min(plan.packed, key=lambda b: b.num_tokens).to(self.device)
+            smallest = min(range(len(plan.rows)), key=plan.rows.__getitem__)
+            pad = plan.batches.host()[smallest].to(self.device)
             w0 = torch.zeros(pad.num_policy_tokens, device=self.device)
             for _ in range(plan.padding):
                 with preserved_statistics(self.model):
@@ -266,10 +279,10 @@ class Trainer:
             self.critic.update()
         return grad_norm
 
-    def _token_weights(self, batches: list[PackedBatch], num_samples: int) -> list[Tensor]:
-        sample_P = torch.cat([b.sample_P for b in batches])
-        weights = TOKEN_WEIGHTS[self.algo.aggregation](sample_P, num_samples)
-        return list(weights.split([b.num_policy_tokens for b in batches]))
+    def _token_weights(self, groups: list[Group], num_samples: int) -> list[Tensor]:
+        per_group = [policy_samples(g) for g in groups]
+        weights = TOKEN_WEIGHTS[self.algo.aggregation](torch.cat(per_group), num_samples)
+        return list(weights.split([len(p) for p in per_group]))
 
     def _micro_step(
         self,
@@ -279,6 +292,7 @@ class Trainer:
         use_critic: bool,
         aux_scale: float,
         sums: TokenSums,
+        before_backward: Callable[[], None] | None = None,
     ) -> None:
         aux = AuxLosses()
         h_Nd = packed_hidden(
@@ -298,7 +312,10 @@ class Trainer:
         pg = (pg_P * w_P).sum()
         kl = (kl_P * w_P).sum() if kl_P is not None else torch.zeros((), device=self.device)
         loss = pg + self.algo.kl_coef * kl + aux.total() * aux_scale
-        self.parallel.backward(loss, self._mtp_loss(h_Nd, batch, w_P))
+        heads_loss = self._mtp_loss(h_Nd, batch, w_P)
+        if before_backward is not None:  # host work while the device runs the forward
+            before_backward()
+        self.parallel.backward(loss, heads_loss)
         weighted = (loss.detach(), pg.detach(), kl.detach(), critic_loss.detach())
         fresh_P = batch.versions_P.to(out.logp_P.device) == self.version
         sums.add(out.logp_P, batch.behaviour_P, out.entropy_P, self.algo.tis_cap, weighted, fresh_P)
