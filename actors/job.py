@@ -25,9 +25,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlsys.actors.admission import AdmissionActor
 from rlsys.actors.cluster_metrics import ClusterMetrics
 from rlsys.actors.engine_replica import EngineReplica
+from rlsys.actors.placement import check_placement
 from rlsys.actors.ray_cluster import JobHandles, RayCluster
 from rlsys.actors.rollout_worker import RolloutWorker
-from rlsys.actors.runtime import init_ray
+from rlsys.actors.runtime import init_ray, joins_cluster
 from rlsys.actors.trainer_actor import TrainerActor
 from rlsys.config.job import JobConfig
 from rlsys.config.locations import resolve_ledger_url
@@ -93,6 +94,10 @@ def run_job(
             open_stream(stream_url).close()  # fails here, before any actor starts
             life.phase("ray")
             init_ray(address, logical_cpus=_logical_cpus(cfg) + 1)
+            life.phase("placement")
+            # a cluster this driver started cannot grow: an actor it cannot place would
+            # wait forever, so the job ends here naming the field (`placement`)
+            check_placement(cfg, can_grow=joins_cluster(address), on_event=on_event)
             life.phase("reporting")
             reporting = JobReporting.open(cfg, job_id, ledger, run_dir, on_event, ClusterMetrics)
             life.phase("actors")

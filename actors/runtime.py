@@ -25,7 +25,7 @@ def init_ray(address: str | None = None, *, logical_cpus: float = 0) -> None:
         return
     target = address or os.environ.get("RAY_ADDRESS")
     with _callers_sigterm_handler():
-        if target and target != "local":
+        if joins_cluster(address):
             ray.init(address=target, log_to_driver=False)
             return
         ray.init(
@@ -35,6 +35,13 @@ def init_ray(address: str | None = None, *, logical_cpus: float = 0) -> None:
             log_to_driver=False,
             configure_logging=False,
         )
+
+
+def joins_cluster(address: str | None = None) -> bool:
+    """Whether `init_ray(address)` joins an existing cluster (which may grow: an autoscaler)
+    rather than start a local one."""
+    target = address or os.environ.get("RAY_ADDRESS")
+    return bool(target) and target != "local"
 
 
 @contextmanager

@@ -1,0 +1,140 @@
+"""Whether a job's actors can be placed on the Ray cluster, checked before any of them starts.
+
+A Ray actor that asks for more than any node offers (a GPU on a CPU-only cluster, a custom
+resource no node declares) is not an error to Ray: it waits in PENDING_CREATION and Ray
+logs "infeasible" somewhere the user may never look. The driver waits for its actors to be
+ready, so such a job would sit in `actors` with a live heartbeat forever. This module states
+what the job asks for (`job_demands`, from the config fields that ask) and finds what no
+placement could satisfy (`unplaceable`), so the job ends `failed` with a line naming the
+field instead.
+
+Invariants:
+- `unplaceable` checks two necessary conditions only: each actor fits on one node by
+  itself, and the cluster's totals cover all the actors together. A job it passes may still
+  not fit (packing is not checked); a job it refuses cannot fit as the cluster stands.
+- It never refuses for lack of `memory` or `object_store_memory` (Ray defaults those); the
+  resources asked are the ones the config names: CPU, GPU and custom resources.
+- A cluster the driver started itself (a local run) cannot grow, so a refusal there ends
+  the job; a joined cluster may have an autoscaler that adds nodes, so there the reasons are
+  announced and the job goes on (`check_placement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from rlsys.config.job import JobConfig
+from rlsys.control.job_end import JobEnd
+
+Resources = Mapping[str, float]
+_EPS = 1e-9  # Ray's resource arithmetic is fixed-point at 1e-4; fractions add up inexactly
+
+
+@dataclass(frozen=True)
+class Demand:
+    """`count` actors of one role, each asking for `resources`; `fields` names the config
+    keys that set them (what a refusal tells the user to change)."""
+
+    role: str
+    count: int
+    resources: dict[str, float]
+    fields: str
+
+
+def _asks(num_cpus: float, num_gpus: float, custom: Mapping[str, float]) -> dict[str, float]:
+    asked = {"CPU": num_cpus, "GPU": num_gpus, **custom}
+    return {name: amount for name, amount in asked.items() if amount > 0}
+
+
+def job_demands(cfg: JobConfig) -> list[Demand]:
+    """What `actors.job` starts: the trainer (and its data-parallel followers), the engine
+    replicas and the rollout workers; the admission scheduler asks for nothing."""
+    trainer, placement, rollout = cfg.trainer, cfg.engine.placement, cfg.rollout
+    return [
+        Demand(
+            "trainer rank",
+            trainer.data_parallel,
+            _asks(trainer.num_cpus, trainer.num_gpus, trainer.resources),
+            "trainer.num_cpus / num_gpus / resources (x trainer.data_parallel)",
+        ),
+        Demand(
+            "engine replica",
+            placement.replicas,
+            _asks(placement.num_cpus, placement.num_gpus, placement.resources),
+            "engine.placement.num_cpus / num_gpus / resources (x engine.placement.replicas)",
+        ),
+        Demand(
+            "rollout worker",
+            rollout.workers,
+            _asks(rollout.num_cpus, 0.0, rollout.resources),
+            "rollout.num_cpus / resources (x rollout.workers)",
+        ),
+    ]
+
+
+def _fmt(resources: Resources) -> str:
+    return ", ".join(f"{name} {amount:g}" for name, amount in sorted(resources.items())) or "none"
+
+
+def unplaceable(demands: Sequence[Demand], nodes: Sequence[Resources]) -> list[str]:
+    """Why `demands` cannot be placed on `nodes` (each node's total resources); [] when
+    both necessary conditions hold (module doc)."""
+    reasons = []
+    for d in demands:
+        if d.count and not any(
+            all(node.get(name, 0.0) + _EPS >= amount for name, amount in d.resources.items())
+            for node in nodes
+        ):
+            reasons.append(
+                f"one {d.role} asks for {_fmt(d.resources)} and no node offers that much "
+                f"({d.fields}); the largest node has {_fmt(_largest(nodes, d.resources))}"
+            )
+    asked: dict[str, float] = {}
+    for d in demands:
+        for name, amount in d.resources.items():
+            asked[name] = asked.get(name, 0.0) + amount * d.count
+    for name, amount in sorted(asked.items()):
+        have = sum(node.get(name, 0.0) for node in nodes)
+        if have + _EPS < amount:
+            parts = " + ".join(
+                f"{d.count} {d.role}(s) x {d.resources[name]:g}"
+                for d in demands
+                if d.count and name in d.resources
+            )
+            reasons.append(
+                f"the job asks for {amount:g} {name} ({parts}); the cluster has {have:g}"
+            )
+    return reasons
+
+
+def _largest(nodes: Sequence[Resources], names: Resources) -> dict[str, float]:
+    """Per resource the job names, the most any one node offers."""
+    return {name: max((node.get(name, 0.0) for node in nodes), default=0.0) for name in names}
+
+
+def cluster_nodes() -> list[dict[str, float]]:
+    """Each alive node's total resources, as Ray reports them."""
+    import ray
+
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
+
+
+def check_placement(
+    cfg: JobConfig,
+    *,
+    can_grow: bool,
+    nodes: Sequence[Resources] | None = None,
+    on_event: Callable[[str], None] = print,
+) -> None:
+    """End the job (`JobEnd`, failed) when its actors cannot be placed and the cluster cannot
+    grow; on a cluster that may grow, announce the reasons and go on."""
+    reasons = unplaceable(job_demands(cfg), cluster_nodes() if nodes is None else nodes)
+    if not reasons:
+        return
+    if not can_grow:
+        raise JobEnd("failed", "cannot place the job's actors: " + "; ".join(reasons))
+    on_event(
+        "warning: the job's actors do not fit the cluster as it stands, and wait for an "
+        "autoscaler to add nodes: " + "; ".join(reasons)
+    )
