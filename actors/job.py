@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlsys.actors.admission import AdmissionActor
 from rlsys.actors.cluster_metrics import ClusterMetrics
 from rlsys.actors.engine_replica import EngineReplica
-from rlsys.actors.placement import check_placement
+from rlsys.actors.placement import check_placement, wait_ready
 from rlsys.actors.ray_cluster import JobHandles, RayCluster
 from rlsys.actors.rollout_worker import RolloutWorker
 from rlsys.actors.runtime import init_ray, joins_cluster
@@ -183,9 +183,17 @@ def _start_actors(cfg: JobConfig, job_id: str, run_dir: Path, stream_url: str) -
     make_worker = partial(_make_worker, cfg, job_id, admission, replicas, stream_url)
     workers = {f"worker-{i}": make_worker(f"worker-{i}") for i in range(cfg.rollout.workers)}
     handles = JobHandles(admission, replicas, workers, trainer)
-    ray.get(
-        [w.ready.remote() for w in workers.values()] + [r.ready.remote() for r in replicas.values()]
-    )
+    ready = {
+        **{name: w.ready.remote() for name, w in workers.items()},
+        **{name: r.ready.remote() for name, r in replicas.items()},
+        "trainer": trainer.__ray_ready__.remote(),
+    }
+    try:
+        wait_ready(ready, cfg.store.start_timeout_s)
+    except BaseException:
+        for actor in handles.all():  # none may start later, for a job that has ended
+            ray.kill(actor, no_restart=True)
+        raise
     return RayCluster(handles, cfg.engine, make_worker, make_trainer)
 
 

@@ -17,12 +17,17 @@ Invariants:
 - A cluster the driver started itself (a local run) cannot grow, so a refusal there ends
   the job; a joined cluster may have an autoscaler that adds nodes, so there the reasons are
   announced and the job goes on (`check_placement`).
+- Whatever the check said, the driver's wait for its actors to be ready is bounded
+  (`wait_ready`, `store.start_timeout_s`): an actor still not ready then ends the job
+  `failed` with the pending actors named, and the caller kills every actor it started.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rlsys.config.job import JobConfig
 from rlsys.control.job_end import JobEnd
@@ -138,3 +143,25 @@ def check_placement(
         "warning: the job's actors do not fit the cluster as it stands, and wait for an "
         "autoscaler to add nodes: " + "; ".join(reasons)
     )
+
+
+def wait_ready(refs: Mapping[str, Any], timeout_s: float, poll_s: float = 5.0) -> None:
+    """Wait for each named actor's readiness call (`refs`: name -> ObjectRef); an actor whose
+    start failed raises its error here. Ends the job (`JobEnd`, failed) naming the actors
+    not ready within `timeout_s`."""
+    import ray
+
+    pending = dict(refs)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise JobEnd(
+                "failed",
+                f"actors not ready within store.start_timeout_s ({timeout_s:g} s): "
+                f"{', '.join(sorted(pending))} (not placed, or still loading)",
+            )
+        done, _ = ray.wait(list(pending.values()), num_returns=1, timeout=min(left, poll_s))
+        for ref in done:
+            ray.get(ref)  # an actor whose __init__ raised: its error, as a crash
+        pending = {name: ref for name, ref in pending.items() if ref not in done}

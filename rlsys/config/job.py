@@ -285,6 +285,13 @@ class StoreSection(_Section):
         "a running job whose heartbeat is older reads `orphaned` (its driver died) until "
         "`rlsys jobs reap` ends it.",
     )
+    start_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long the driver waits for the job's actors to be placed and ready "
+        "(model loads included) before the job ends failed naming the ones that are not; on "
+        "a cluster that autoscales, the nodes they need must come within it.",
+    )
     stream_retry_s: float = Field(
         45.0,
         ge=0.0,
