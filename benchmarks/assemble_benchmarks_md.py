@@ -59,6 +59,7 @@ ORDER = [
     "gpu_h100_two_sessions",
     "gpu_trunk_graphs",
     "gpu_step_phases",
+    "route_payload",
     "ci_time",
 ]
 

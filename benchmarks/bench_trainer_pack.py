@@ -1,7 +1,7 @@
 """Host time of packing a trainer step's micro-batches (`rlsys.trainer.batch.pack`).
 
 Usage: python benchmarks/bench_trainer_pack.py [--preset large] [--lengths 8192,32768]
-    [--repeat 3] [--forms block,per-token]
+    [--repeat 3] [--forms block,block-ids,per-token]
 
 `Trainer._plan` packs every micro-batch of a step before the first forward, so the GPU
 waits for it; with the trunk replayed as CUDA graphs the step is short enough for this to
@@ -11,9 +11,10 @@ and the routed experts of every MoE layer per row), each packed as its own micro
 (`micro_batch_tokens` = length), `--repeat` times; prints the best, the spread and the
 share of the time spent in the routes and in the candidate sets (cProfile of one more
 round); then one trajectory's pickled size and unpickling time (a worker publishes it
-pickled to the rollout stream; the trainer's inbox unpickles it). Routes in both forms a
-segment can hold them (`ROUTE_FORMS`): the engine's block, and the per-token entries
-segments held before (the anchor). Host-only: runs anywhere, the figures are this
+pickled to the rollout stream; the trainer's inbox unpickles it). Routes in the forms a
+segment can hold them (`ROUTE_FORMS`): the engine's block with fp32 gates, the block of ids
+alone (`engine.route_gates: none`, a job's default unless its replay reads the gates), and
+the per-token entries segments held before (the anchor). Host-only: runs anywhere, the figures are this
 machine's.
 """
 
@@ -39,10 +40,12 @@ from rlsys.trajectory import Segment, Trajectory  # noqa: E402
 
 PROMPT, CANDIDATES = 256, 64
 # how a generation's routes reach the segment: the engine's one block (`TokenRoutes`, kept
-# whole by `RouteRows`), or cut into one {"indices", "gates"} entry per token (the anchor:
-# what segments stored before)
+# whole by `RouteRows`), with fp32 gates or ids only, or cut into one {"indices", "gates"}
+# entry per token (the anchor: what segments stored before)
 ROUTE_FORMS = {
     "block": lambda ids, gates: TokenRoutes({"indices": ids, "gates": gates}),
+    # engine.route_gates none: what a job whose replay is `indices` (the default) records
+    "block-ids": lambda ids, gates: TokenRoutes({"indices": ids}),
     "per-token": lambda ids, gates: list(TokenRoutes({"indices": ids, "gates": gates})),
 }
 
@@ -76,7 +79,7 @@ def main() -> None:
     p.add_argument("--preset", default="large")
     p.add_argument("--lengths", default="8192,32768")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--forms", default="block,per-token", help="of " + ", ".join(ROUTE_FORMS))
+    p.add_argument("--forms", default="block,block-ids,per-token", help="of " + ", ".join(ROUTE_FORMS))
     args = p.parse_args()
     cfg = preset(args.preset)
     layers, k = cfg.n_layers, cfg.experts_per_token

@@ -160,7 +160,8 @@ class EngineConfig(BaseModel):
         "float32",
         description="How recorded routes carry their gates: fp32 (what a bitwise "
         "trainer.replay_experts indices_and_gates needs), bf16, or none (indices-only replay "
-        "recomputes them; ids alone are a fifth of the bytes).",
+        "recomputes them; ids alone are a fifth of the bytes). In a job, left out: float32 "
+        "with trainer.replay_experts indices_and_gates, else none.",
     )
     record_selections: bool = Field(
         False,

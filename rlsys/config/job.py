@@ -326,6 +326,11 @@ class JobConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:
+        if "route_gates" not in self.engine.model_fields_set:
+            # ship what the trainer's replay reads: only indices_and_gates reads the gates,
+            # which are four fifths of a route's bytes in every trajectory on the stream
+            gates = "float32" if self.trainer.replay_experts == "indices_and_gates" else "none"
+            self.engine = self.engine.model_copy(update={"route_gates": gates})
         if self.trainer.replay_experts == "indices_and_gates" and self.engine.route_gates != (
             "float32"
         ):

@@ -73,3 +73,21 @@ def test_copies_are_validated() -> None:
     engine = EngineConfig(record_selections=True)
     with pytest.raises(ValidationError, match="record_selections needs tp 1 on the CPU"):
         engine.copy_with(device="cuda")
+
+
+def test_a_job_records_gates_only_when_its_replay_reads_them() -> None:
+    def gates(**sections: dict) -> str:
+        return JobConfig.model_validate(
+            {"model": {"preset": "tiny"}, **sections}
+        ).engine.route_gates
+
+    assert gates() == "none"  # the default replay (indices) recomputes the gates
+    assert gates(trainer={"replay_experts": "off"}) == "none"
+    assert gates(trainer={"replay_experts": "indices_and_gates"}) == "float32"
+    # what a user sets is kept, and a replay that needs exact gates still refuses bf16
+    assert gates(engine={"route_gates": "bfloat16"}) == "bfloat16"
+    with pytest.raises(ValidationError, match="engine.route_gates must be float32"):
+        gates(trainer={"replay_experts": "indices_and_gates"}, engine={"route_gates": "none"})
+    # the resolved config round-trips (a resume re-reads it from the ledger)
+    job = JobConfig.model_validate({"model": {"preset": "tiny"}})
+    assert JobConfig.model_validate_json(job.model_dump_json()) == job
