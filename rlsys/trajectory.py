@@ -14,7 +14,8 @@ conditioned on carries the route the engine used. A token with neither has no re
 (then the trainer's router decides). With `engine.record_selections` each route also holds
 the row's Sparse GQA block selections ("blocks"), replayed the same way. A generation's
 routes arrive as the engine's one block and stay one (`RouteRows`, `rlsys/route_rows.py`),
-read per token.
+read per token; its candidate sets are kept as two arrays (`CandidateRows`,
+`rlsys/candidate_rows.py`), read per token too.
 
 One route per row is what the engine used for a row as first computed. A weight update
 between two requests of a segment (or inside one) makes the engine compute earlier rows
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlsys.candidate_rows import CandidateRows
 from rlsys.route_rows import RouteRows, routes_block
 
 
@@ -54,7 +56,8 @@ class Segment:
     logprobs: list[float] = field(default_factory=list)  # 0.0 where not a policy token
     versions: list[int] = field(default_factory=list)  # -1 where not a policy token
     turn_index: list[int] = field(default_factory=list)  # -1 for the initial prompt
-    candidate_ids: list[list[int] | None] = field(default_factory=list)
+    # per token; None if not policy. Kept as arrays, not a list per token (`candidate_rows`)
+    candidate_ids: CandidateRows = field(default_factory=CandidateRows)
     # per token; None if not policy. An engine result's block stays one block (`route_rows`)
     routed_experts: RouteRows = field(default_factory=RouteRows)
     # (first token index, {"indices": (L, n, k), "gates": (L, n, k)}): context-row routes;
@@ -67,6 +70,8 @@ class Segment:
     def __post_init__(self) -> None:
         if not isinstance(self.routed_experts, RouteRows):
             self.routed_experts = RouteRows(self.routed_experts)
+        if not isinstance(self.candidate_ids, CandidateRows):
+            self.candidate_ids = CandidateRows(self.candidate_ids)
 
     def append(
         self,
@@ -85,7 +90,10 @@ class Segment:
         self.logprobs += logprobs if policy and logprobs is not None else [0.0] * n
         self.versions += versions if policy and versions is not None else [-1] * n
         self.turn_index += [turn] * n
-        self.candidate_ids += candidates if policy and candidates is not None else [None] * n
+        if policy and candidates is not None:
+            self.candidate_ids.extend(candidates)
+        else:
+            self.candidate_ids.extend_none(n)
         self.routed_experts += routed if policy and routed is not None else [None] * n
 
     def append_generation(self, result: Generation, *, turn: int) -> None:

@@ -47,7 +47,7 @@ OWNERS = {
 # import (docs/ARCHITECTURE.md, "Dependency rule"): cli -> actors -> control -> ledger;
 # actors -> rollout -> sandboxes; actors -> engine, trainer, model -> kernels; actors,
 # trainer -> algo; everything -> types, config. Leaf modules of `rlsys` (types, tokenizer,
-# trajectory, route_rows) count as packages.
+# trajectory, route_rows, candidate_rows) count as packages.
 ALLOWED_EDGES: dict[str, set[str]] = {
     # cli -> rollout: the one job loader validates the sections the rollout layer owns
     # (task, sandbox, scaffold) with that layer's schemas (rlsys.rollout.job_sections)
@@ -64,7 +64,7 @@ ALLOWED_EDGES: dict[str, set[str]] = {
                       "rlsys.trajectory", "rlsys.types"},
     "rlsys.sandboxes": set(),
     "rlsys.trainer": {"rlsys.algo", "rlsys.config", "rlsys.kernels", "rlsys.model",
-                      "rlsys.route_rows", "rlsys.trajectory"},
+                      "rlsys.candidate_rows", "rlsys.route_rows", "rlsys.trajectory"},
     "rlsys.engine": {"rlsys.config", "rlsys.kernels", "rlsys.model", "rlsys.tokenizer"},
     "rlsys.algo": {"rlsys.config", "rlsys.trajectory"},
     "rlsys.model": {"rlsys.config", "rlsys.kernels", "rlsys.tokenizer"},
@@ -74,9 +74,11 @@ ALLOWED_EDGES: dict[str, set[str]] = {
     "rlsys.config": set(),
     "rlsys.types": set(),
     "rlsys.tokenizer": set(),
-    # a segment's per-token routes (torch-free: the rollout layer builds segments)
-    "rlsys.trajectory": {"rlsys.route_rows"},
+    # a segment's per-token routes and candidate sets (torch-free: the rollout layer builds
+    # segments)
+    "rlsys.trajectory": {"rlsys.candidate_rows", "rlsys.route_rows"},
     "rlsys.route_rows": set(),
+    "rlsys.candidate_rows": set(),
 }  # fmt: skip
 
 # Import name -> modules that must not be loaded by importing it (and all its modules).

@@ -20,7 +20,6 @@ k experts per token, S Sparse GQA layers, Hkv KV groups, W selected blocks (<= k
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlsys.candidate_rows import candidate_arrays
 from rlsys.kernels.host_to_device import moved_without_sync
 from rlsys.model.routing import RoutedExperts
 from rlsys.route_rows import route_runs
@@ -103,7 +103,8 @@ def pack(
 
     `version`: the forward runs under that policy version, so a segment's table of the
     routes that version computed (`Segment.version_table`) overrides its per-row routes."""
-    tokens, spans, cands = [], [], []
+    tokens, spans = [], []
+    cands: list[tuple[np.ndarray, np.ndarray]] = []  # per segment: its policy rows' sets
     columns: list[tuple[np.ndarray, ...]] = []  # per segment: the policy tokens' columns
     route_rows: list[tuple[int, Any]] = []
     route_blocks: list[tuple[int, dict[str, Any]]] = []
@@ -150,7 +151,7 @@ def pack(
                     penalty,
                 )
             )
-            cands += [seg.candidate_ids[i] for i in at.tolist()]
+            cands.append(candidate_arrays(seg.candidate_ids, at))
         row += len(seg.token_ids)
     # seven columns, each the segments' parts in order (empty when no policy token)
     cols = [np.concatenate(c) for c in zip(*columns, strict=True)] or [np.zeros(0)] * 7
@@ -178,15 +179,14 @@ def _column(values: np.ndarray, dtype: torch.dtype) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
 
 
-def _candidates(cands: list[Any]) -> tuple[Tensor, Tensor]:
-    """(P, C) candidate ids padded with -1, and which rows have a set. One conversion of all
-    the ids and one masked copy (a tensor op per row would cost ~tens of microseconds on a
-    16K-token batch each)."""
-    lens = np.fromiter((len(c) if c is not None else 0 for c in cands), np.int64, len(cands))
-    total = int(lens.sum())
-    flat = np.fromiter(itertools.chain.from_iterable(c for c in cands if c), np.int64, total)
-    width = int(lens.max()) if len(cands) else 0
-    cand_PC = np.full((len(cands), width), -1, dtype=np.int64)
+def _candidates(cands: list[tuple[np.ndarray, np.ndarray]]) -> tuple[Tensor, Tensor]:
+    """(P, C) candidate ids padded with -1, and which rows have a set, from each segment's
+    (lengths, ids end to end) of its policy rows: one masked copy (a tensor op per row
+    would cost ~tens of microseconds on a 16K-token batch each)."""
+    lens = np.concatenate([c[0] for c in cands]) if cands else np.zeros(0, np.int64)
+    flat = np.concatenate([c[1] for c in cands]) if cands else np.zeros(0, np.int64)
+    width = int(lens.max()) if lens.size else 0
+    cand_PC = np.full((lens.size, width), -1, dtype=np.int64)
     cand_PC[np.arange(width) < lens[:, None]] = flat  # row-major: each row's set in order
     return torch.from_numpy(cand_PC), torch.from_numpy(lens > 0)
 

@@ -14,6 +14,7 @@ import gc
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,25 +40,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(
-    rank: int,
-    world_size: int,
-    port: int,
-    device: str,
-    trajs: list[Trajectory],
-    trainer_cfg: dict[str, Any],
-    algo: AlgoConfig,
-    steps: int,
-    out: str,
-    checkpoint: tuple[str | None, str | None],
-) -> None:
+@dataclass(frozen=True)
+class RankJob:
+    """What every rank is given (pickled to each spawned process)."""
+
+    device: str
+    trajs: list[Trajectory]
+    trainer_cfg: dict[str, Any]
+    algo: AlgoConfig
+    steps: int
+    out: str
+    restore_from: str | None
+    save_to: str | None
+
+
+def _rank(rank: int, world_size: int, port: int, job: RankJob) -> None:
     faulthandler.enable(all_threads=True)  # a native abort prints every thread's stack
     torch.set_num_threads(1)
-    if device == "cuda":
+    if job.device == "cuda":
         torch.cuda.set_device(rank)
-    dp = init_data_parallel(device, f"tcp://127.0.0.1:{port}", rank, world_size, 60.0)
+    dp = init_data_parallel(job.device, f"tcp://127.0.0.1:{port}", rank, world_size, 60.0)
     try:
-        _steps(rank, device, trajs, trainer_cfg, algo, steps, out, checkpoint, dp)
+        _steps(rank, job, dp)
         dist.barrier()  # no rank tears its connections down while a peer still uses them
     finally:
         gc.collect()  # the sharded model's cycles, and the group they hold, go first
@@ -70,27 +74,17 @@ def _rank(
     os._exit(0)
 
 
-def _steps(
-    rank: int,
-    device: str,
-    trajs: list[Trajectory],
-    trainer_cfg: dict[str, Any],
-    algo: AlgoConfig,
-    steps: int,
-    out: str,
-    checkpoint: tuple[str | None, str | None],
-    dp: DataParallel,
-) -> None:
-    model = tiny_model().to(device)
-    trainer = Trainer(model, TrainerSection.model_validate(trainer_cfg), algo, data_parallel=dp)
-    restore_from, save_to = checkpoint
-    if restore_from is not None:
-        trainer.restore(restore_from)
-    metrics = [trainer.train_step(trajs).metrics.as_dict() for _ in range(steps)]
+def _steps(rank: int, job: RankJob, dp: DataParallel) -> None:
+    model = tiny_model().to(job.device)
+    cfg = TrainerSection.model_validate(job.trainer_cfg)
+    trainer = Trainer(model, cfg, job.algo, data_parallel=dp)
+    if job.restore_from is not None:
+        trainer.restore(job.restore_from)
+    metrics = [trainer.train_step(job.trajs).metrics.as_dict() for _ in range(job.steps)]
     state = full_state_dict(trainer.model)
-    if save_to is not None:
-        trainer.save_checkpoint(save_to)
-    torch.save({"metrics": metrics, "state": state}, Path(out) / f"rank{rank}.pt")
+    if job.save_to is not None:
+        trainer.save_checkpoint(job.save_to)
+    torch.save({"metrics": metrics, "state": state}, Path(job.out) / f"rank{rank}.pt")
 
 
 def run_ranks(
@@ -107,10 +101,17 @@ def run_ranks(
 ) -> list[dict[str, Any]]:
     """Every rank's {"metrics": [per step], "state": full state dict} after `steps`
     (after restoring `restore_from` first; then saving a checkpoint to `save_to`)."""
-    cfg = {**TRAINER, **trainer_cfg}
-    paths = tuple(str(p) if p is not None else None for p in (restore_from, save_to))
-    args = (world_size, free_port(), device, trajs, cfg, algo or AlgoConfig(), steps, str(out))
-    args += (paths,)
+    job = RankJob(
+        device,
+        trajs,
+        {**TRAINER, **trainer_cfg},
+        algo or AlgoConfig(),
+        steps,
+        str(out),
+        str(restore_from) if restore_from is not None else None,
+        str(save_to) if save_to is not None else None,
+    )
+    args = (world_size, free_port(), job)
     mp.start_processes(_rank, args=args, nprocs=world_size, join=True, start_method="spawn")
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
