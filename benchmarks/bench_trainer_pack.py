@@ -79,7 +79,9 @@ def main() -> None:
     p.add_argument("--preset", default="large")
     p.add_argument("--lengths", default="8192,32768")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--forms", default="block,block-ids,per-token", help="of " + ", ".join(ROUTE_FORMS))
+    p.add_argument(
+        "--forms", default="block,block-ids,per-token", help="of " + ", ".join(ROUTE_FORMS)
+    )
     args = p.parse_args()
     cfg = preset(args.preset)
     layers, k = cfg.n_layers, cfg.experts_per_token
