@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlsys.actors.admission import AdmissionActor
 from rlsys.actors.cluster_metrics import ClusterMetrics
 from rlsys.actors.engine_replica import EngineReplica
-from rlsys.actors.placement import check_placement, wait_ready
+from rlsys.actors.placement import check_placement, job_demands, total, wait_ready
 from rlsys.actors.ray_cluster import JobHandles, RayCluster
 from rlsys.actors.rollout_worker import RolloutWorker
 from rlsys.actors.runtime import init_ray, joins_cluster
@@ -152,11 +152,7 @@ def _open_job(ledger: Ledger, cfg: JobConfig, resume: str | None, job_id: str | 
 
 
 def _logical_cpus(cfg: JobConfig) -> float:
-    return (
-        cfg.engine.placement.replicas * cfg.engine.placement.num_cpus
-        + cfg.rollout.workers * cfg.rollout.num_cpus
-        + cfg.trainer.num_cpus * cfg.trainer.data_parallel  # rank 0 and its followers
-    )
+    return total(job_demands(cfg), "CPU")  # every actor's, trainer followers included
 
 
 def _start_actors(cfg: JobConfig, job_id: str, run_dir: Path, stream_url: str) -> RayCluster:

@@ -95,11 +95,8 @@ def unplaceable(demands: Sequence[Demand], nodes: Sequence[Resources]) -> list[s
                 f"one {d.role} asks for {_fmt(d.resources)} and no node offers that much "
                 f"({d.fields}); the largest node has {_fmt(_largest(nodes, d.resources))}"
             )
-    asked: dict[str, float] = {}
-    for d in demands:
-        for name, amount in d.resources.items():
-            asked[name] = asked.get(name, 0.0) + amount * d.count
-    for name, amount in sorted(asked.items()):
+    names = sorted({name for d in demands for name in d.resources})
+    for name, amount in ((name, total(demands, name)) for name in names):
         have = sum(node.get(name, 0.0) for node in nodes)
         if have + _EPS < amount:
             parts = " + ".join(
@@ -111,6 +108,11 @@ def unplaceable(demands: Sequence[Demand], nodes: Sequence[Resources]) -> list[s
                 f"the job asks for {amount:g} {name} ({parts}); the cluster has {have:g}"
             )
     return reasons
+
+
+def total(demands: Sequence[Demand], name: str) -> float:
+    """How much of resource `name` all of `demands` ask for together."""
+    return sum(d.count * d.resources.get(name, 0.0) for d in demands)
 
 
 def _largest(nodes: Sequence[Resources], names: Resources) -> dict[str, float]:
