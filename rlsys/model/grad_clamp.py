@@ -9,34 +9,29 @@ tiny top fraction per layer removes them without biasing the bulk of the gradien
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
 import torch
 from torch import Tensor, nn
 
 
-class _ClampTopFraction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, h: Tensor, fraction: float, counters: Tensor) -> Tensor:
-        ctx.fraction, ctx.counters = fraction, counters
-        return h.view_as(h)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        flat = grad.reshape(-1, grad.shape[-1])
-        n = flat.shape[0]
-        n_clip = min(int(ctx.fraction * n), n - 1)
-        ctx.counters[1] += n
-        if n_clip <= 0:
-            return grad, None, None
-        norms = flat.float().norm(dim=-1)
-        top = norms.topk(n_clip + 1)
-        threshold, idx = top.values[-1], top.indices[:n_clip]
-        scale = (threshold / norms[idx].clamp_min(1e-30)).to(flat.dtype)
-        flat = flat.clone()
-        flat[idx] = flat[idx] * scale[:, None]
-        ctx.counters[0] += n_clip
-        return flat.view_as(grad), None, None
+def _clamp_top_fraction(fraction: float, counters: Tensor, grad: Tensor) -> Tensor:
+    """The gradient reaching a block's output with its top `fraction` of row vectors (by
+    norm) scaled to the norm of the largest row left untouched; counts into `counters`."""
+    flat = grad.reshape(-1, grad.shape[-1])
+    n = flat.shape[0]
+    n_clip = min(int(fraction * n), n - 1)
+    counters[1] += n
+    if n_clip <= 0:
+        return grad
+    norms = flat.float().norm(dim=-1)
+    top = norms.topk(n_clip + 1)
+    threshold, idx = top.values[-1], top.indices[:n_clip]
+    scale = (threshold / norms[idx].clamp_min(1e-30)).to(flat.dtype)
+    flat = flat.clone()
+    flat[idx] = flat[idx] * scale[:, None]
+    counters[0] += n_clip
+    return flat.view_as(grad)
 
 
 class GradClamp(nn.Module):
@@ -61,4 +56,9 @@ class GradClamp(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         if not (torch.is_grad_enabled() and h.requires_grad):
             return h
-        return _ClampTopFraction.apply(h, self.fraction, self.counters)
+        # A hook on the output itself, not an autograd Function returning `h.view_as(h)`:
+        # the block's output stays the tensor it computed (FSDP2 warns on every forward of
+        # a unit that returns a view, since an in-place op on it would skip its hooks), and
+        # the hook sees the output's whole gradient, as the Function's backward did.
+        h.register_hook(functools.partial(_clamp_top_fraction, self.fraction, self.counters))
+        return h
