@@ -60,6 +60,7 @@ ORDER = [
     "gpu_trunk_graphs",
     "gpu_step_phases",
     "route_payload",
+    "gpu_graphed_trainer",
     "ci_time",
 ]
 

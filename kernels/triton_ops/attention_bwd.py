@@ -47,8 +47,11 @@ DKV_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 # timed so far); an int (a multiple of the step, dividing the page, <= 32 blocks) walks
 # that many keys per program, with `DKV_WIDE_LAUNCH` (two (chunk, D) fp32 accumulators)
 DKV_KEYS: int | None = None
-# (sm_90, offline: 64 keys at head dim 128 spill 80 B with 2 stages, none with 1; 187 / 255
-# registers at head dim 64 / 128, so one program of 8 warps per SM: to be timed on a GPU)
+# (sm_90: 64 keys at head dim 128 spill 80 B with 2 stages, none with 1.) Timed on the H200
+# at 32K (`bench_attention_walk.py --backward --dkv-keys 0,32,64`, twenty-first session):
+# Sparse GQA dK/dV 14.2 ms with the step against 29.0 / 30.3 ms with 32 / 64 keys at head
+# dim 64, 22.8 against 62.1 / 45.6 at 128; SWA the same at 32 keys, 2x slower at 64. So the
+# step stays the default; wider chunks are kept as an option for other shapes.
 DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
 MASS_LAUNCH: dict[str, int] = {"num_warps": 2, "num_stages": 3}
 
