@@ -2,7 +2,8 @@
 and the per-block attention mass that the indexer's KL loss needs.
 
 - `_attn_bwd_dq`: per (query tile, group), the forward's step walk, recomputing
-  p = exp2(s - lse); dq = sum_steps dS K.
+  p = exp2(s - lse); dq = sum_steps dS K. It first makes delta = rowsum(dO * O) of its
+  rows and stores it for `_attn_bwd_dkv`, which runs after it.
 - `_attn_bwd_dkv`: per (key chunk of a sequence, group), a walk over the query tiles that
   visit that chunk (a window range for SWA, the inverse of the union lists for Sparse GQA);
   dK and dV of a key are written by exactly one program: no atomics, so the backward is
@@ -67,8 +68,8 @@ def _load_rows(base, qrow, head, present, stride_n, stride_h, d, D: tl.constexpr
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ,
-    q_stride_n, q_stride_h, k_stride_r, k_stride_g,
+    Q, K, V, DO, OUT, LSE, DELTA, DQ,
+    q_stride_n, q_stride_h, o_stride_n, o_stride_h, k_stride_r, k_stride_g,
     tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
     block_table, bt_stride,
     step_off, step_ids,
@@ -89,7 +90,12 @@ def _attn_bwd_dq(
     dq = tl.zeros([T * G, DP], tl.float32)
     h_all = G * tl.num_programs(1)
     lse = tl.load(LSE + qrow * h_all + head, mask=present, other=0.0)
-    delta = tl.load(DELTA + qrow * h_all + head, mask=present, other=0.0)
+    # delta = rowsum(dO * O), made here and stored for the dK/dV walk (which runs after this
+    # kernel on the same stream): each (row, head) belongs to exactly one program, so the
+    # four eager ops and two fp32 copies of dO and O it took before are one load of O rows
+    o = _load_rows(OUT, qrow, head, present, o_stride_n, o_stride_h, d, D)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
+    tl.store(DELTA + qrow * h_all + head, delta, mask=present)
     for i in range(first, last):
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits, sb_stride_n,
@@ -268,7 +274,7 @@ def attention_backward(
     hkv = k.shape[1]
     g = q.shape[1] // hkv
     do = do.contiguous()
-    delta = (do.float() * out.float()).sum(-1)  # (N, H)
+    delta = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # (N, H): dq's
     dq = torch.empty_like(q)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
@@ -279,7 +285,8 @@ def attention_backward(
         PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
     _attn_bwd_dq[(tiles.n_tiles, hkv)](
-        q, k, v, do, lse, delta, dq, *_common_args(q, k, tiles, kv),
+        q, k, v, do, out, lse, delta, dq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *_common_args(q, k, tiles, kv)[2:],
         step_off, step_ids, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, scale, window, **meta, **DQ_LAUNCH,
     )  # fmt: skip

@@ -18,7 +18,9 @@ class _TritonRope(torch.autograd.Function):
     def forward(ctx, x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:  # type: ignore[no-untyped-def]
         from rlsys.kernels.triton_ops.rope import rope_fwd
 
-        ctx.save_for_backward(positions, inv_freq)
+        # the inverse rotation's table, made with the forward's (`_NEGATED`): negating it
+        # here was one launch per backward
+        ctx.save_for_backward(positions, _NEGATED[id(inv_freq)])
         # the kernel reads (row, head) strides: q and k, column slices of the fused
         # projection, are read in place (a copy each otherwise)
         return rope_fwd(x if x.stride(-1) == 1 else x.contiguous(), positions, inv_freq)
@@ -27,11 +29,14 @@ class _TritonRope(torch.autograd.Function):
     def backward(ctx, g: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[no-untyped-def]
         from rlsys.kernels.triton_ops.rope import rope_fwd
 
-        positions, inv_freq = ctx.saved_tensors
-        return rope_fwd(g.contiguous(), positions, -inv_freq), None, None  # rotate back
+        positions, neg_inv_freq = ctx.saved_tensors
+        return rope_fwd(g.contiguous(), positions, neg_inv_freq), None, None  # rotate back
 
 
 _INV_FREQ: dict[tuple[int, float, torch.device], Tensor] = {}
+# id(table) -> -table, made with each table of `_INV_FREQ` (which keeps them all alive, so
+# an id names one table); negation is exact: the same bits as negating at every backward
+_NEGATED: dict[int, Tensor] = {}
 
 
 def inv_freq(d: int, theta: float, device: torch.device) -> Tensor:
@@ -46,6 +51,7 @@ def inv_freq(d: int, theta: float, device: torch.device) -> Tensor:
     if table is None:
         with torch.inference_mode(False), torch.no_grad():
             table = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=device) / d)
+            _NEGATED[id(table)] = -table
         _INV_FREQ[key] = table
     return table
 

@@ -99,3 +99,18 @@ def test_rope_kernel_rotates_like_the_reference_and_back() -> None:
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rope_fwd(y, pos, -inv), x, atol=1e-5, rtol=1e-5)  # the backward
     assert torch.equal(rope_fwd(x[9:10], pos[9:10], inv), y[9:10])
+
+
+def test_rope_autograd_rotates_the_gradient_back_with_the_cached_inverse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rlsys.kernels.triton_ops.rope import rope_fwd
+    from rlsys.model.rope import apply_rope, inv_freq
+
+    monkeypatch.setenv("RLSYS_KERNELS", "triton")  # the Triton path on the CPU too
+    x, pos, g = _rand(21, 4, 8).requires_grad_(), torch.arange(3, 24, device=DEV), _rand(21, 4, 8)
+    y = apply_rope(x, pos, 10000.0)
+    y.backward(g)
+    inv = inv_freq(8, 10000.0, x.device)
+    assert torch.equal(y, rope_fwd(x.detach(), pos, inv))
+    assert torch.equal(x.grad, rope_fwd(g, pos, -inv))  # bitwise: negation is exact
