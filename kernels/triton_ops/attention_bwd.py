@@ -68,7 +68,7 @@ def _load_rows(base, qrow, head, present, stride_n, stride_h, d, D: tl.constexpr
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, OUT, LSE, DELTA, DQ,
+    Q, K, V, DO, Out, LSE, DELTA, DQ,
     q_stride_n, q_stride_h, o_stride_n, o_stride_h, k_stride_r, k_stride_g,
     tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
     block_table, bt_stride,
@@ -93,7 +93,7 @@ def _attn_bwd_dq(
     # delta = rowsum(dO * O), made here and stored for the dK/dV walk (which runs after this
     # kernel on the same stream): each (row, head) belongs to exactly one program, so the
     # four eager ops and two fp32 copies of dO and O it took before are one load of O rows
-    o = _load_rows(OUT, qrow, head, present, o_stride_n, o_stride_h, d, D)
+    o = _load_rows(Out, qrow, head, present, o_stride_n, o_stride_h, d, D)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
     tl.store(DELTA + qrow * h_all + head, delta, mask=present)
     for i in range(first, last):

@@ -1,5 +1,5 @@
-"""The attention forward compiled for the H200's architecture (sm_90) on this machine:
-at the models' narrow head dim (64, `large`), under the launch options engine and trainer
+"""The attention forward (and the backward's dq walk) compiled for the H200's architecture
+(sm_90) on this machine: at the models' narrow head dim (64, `large`), under the launch options engine and trainer
 use (`forward_launch`), the single walk and the split walk keep their values in registers
 (at most a few spilled values) within the cap that fits four programs per SM.
 
@@ -80,3 +80,12 @@ def test_the_wide_dkv_chunk_runs_all_four_products_on_warp_group_mma(d: int) -> 
     assert wide.count("ttng.warp_group_dot ") == 4 and "tt.dot " not in wide
     used = resources("backward dk dv, 64 keys", d, True)
     assert used.stack == 0, used
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "swa"])
+def test_the_dq_walk_compiles_for_sm90_without_spilling(d: int, sparse: bool) -> None:
+    # the dq program also makes the backward's delta = rowsum(dO * O) from one more load of
+    # its O rows: 100 / 164 registers at head dim 64 / 128 (99 / 140 before), no spill
+    used = resources("backward dq", d, sparse)
+    assert used.registers > 0 and used.stack == 0, used
