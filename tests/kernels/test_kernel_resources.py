@@ -1,7 +1,8 @@
 """The attention forward (and the backward's dq walk) compiled for the H200's architecture
-(sm_90) on this machine: at the models' narrow head dim (64, `large`), under the launch options engine and trainer
-use (`forward_launch`), the single walk and the split walk keep their values in registers
-(at most a few spilled values) within the cap that fits four programs per SM.
+(sm_90) on this machine: at the models' narrow head dim (64, `large`), under the launch
+options engine and trainer use (`forward_launch`), the single walk and the split walk keep
+their values in registers (at most a few spilled values) within the cap that fits four
+programs per SM.
 
 Why on the CPU: a register regression costs occupancy, not correctness, and no interpreter
 test sees it (the softmax chunks' second accumulator cost `large`'s 32K prefill +27% on the
