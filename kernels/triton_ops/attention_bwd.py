@@ -69,9 +69,10 @@ def _load_rows(base, qrow, head, present, stride_n, stride_h, d, D: tl.constexpr
 @triton.jit
 def _attn_bwd_dq(
     Q, K, V, DO, Out, LSE, DELTA, DQ,
-    q_stride_n, q_stride_h, o_stride_n, o_stride_h, k_stride_r, k_stride_g,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g,
     tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
     block_table, bt_stride,
+    o_stride_n, o_stride_h,
     step_off, step_ids,
     sel_bits, sb_stride_n, sb_stride_g,
     qk_scale, sm_scale, window,
@@ -285,9 +286,8 @@ def attention_backward(
         PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
     _attn_bwd_dq[(tiles.n_tiles, hkv)](
-        q, k, v, do, out, lse, delta, dq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        *_common_args(q, k, tiles, kv)[2:],
-        step_off, step_ids, bits, bits.stride(0), bits.stride(1),
+        q, k, v, do, out, lse, delta, dq, *_common_args(q, k, tiles, kv),
+        out.stride(0), out.stride(1), step_off, step_ids, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, scale, window, **meta, **DQ_LAUNCH,
     )  # fmt: skip
     keys = dkv_keys or DKV_KEYS or step
