@@ -9,6 +9,9 @@ top ops by device and host time, and per step the kernel launches and `aten` op 
 and the most frequent). `--syncs` then runs one more step under CUDA's sync debug mode and
 prints each place in the project that made the host wait for the device (a wait drains the
 device's queue: it idles until the host has launched the next kernels), with its count.
+`--sites N` profiles one more (eager) step with Python stacks and prints the N project
+lines whose kernels take the most GPU time (kernels of built-in backward nodes are charged to
+the node): where a fusion saves the most device time. `--rows N` widens the kernel table.
 `--graphs` turns on `trainer.cuda_graphs`: what is left of the host's share then. Without
 it the script uses only APIs main has had since the trainer existed, so the same script
 measures an older tree (copy it over) for a before/after.
@@ -37,6 +40,8 @@ from rlsys.model import Transformer  # noqa: E402
 from rlsys.trainer import Trainer  # noqa: E402
 
 # the runtime calls that start a kernel (launch count = their calls)
+# the project's source folders, as the profiler names Python calls
+PROJECT_DIRS = ("rlsys/", "kernels/")
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
@@ -67,6 +72,8 @@ def main() -> None:
     p.add_argument("--length", type=int, default=8192)
     p.add_argument("--syncs", action="store_true", help="list the step's host waits by place")
     p.add_argument("--graphs", action="store_true", help="the trunk as CUDA graphs (cuda_graphs)")
+    p.add_argument("--rows", type=int, default=30, help="rows of the kernel table")
+    p.add_argument("--sites", type=int, default=0, help="top project lines by GPU time")
     args = p.parse_args()
     trainer, trajs = profiled_trainer(args.preset, args.layers, args.length, args.graphs)
     trainer.train_step(trajs)
@@ -77,7 +84,11 @@ def main() -> None:
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
     events = prof.key_averages()
-    print(events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=50))
+    print(
+        events.table(
+            sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=90
+        )
+    )
     print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=50))
     gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     print(f"{args.preset} cut to {args.layers} blocks, 2 x {args.length} tokens")
@@ -100,6 +111,44 @@ def main() -> None:
     print("most frequent aten ops: " + ", ".join(f"{k[6:]} {v:,}" for k, v in top))
     if args.syncs:
         print_syncs(trainer, trajs)
+    if args.sites:
+        print_sites(trainer, trajs, args.sites)
+
+
+def _site(event: object) -> str:
+    """The innermost project function on an op's Python stack (the profiler records Python
+    calls as parent events named `path(line): function`, line = the def), else the
+    built-in backward node that ran it."""
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        if parent.name.startswith(PROJECT_DIRS):
+            return parent.name
+        if parent.name.startswith("autograd::engine::evaluate_function: "):
+            return "<backward " + parent.name.split(": ", 1)[1] + ">"
+        parent = parent.cpu_parent
+    return f"<{event.name}>"
+
+
+def print_sites(trainer: Trainer, trajs: list, top: int) -> None:
+    """One more step profiled with Python stacks: GPU time and kernels per project line.
+    Each CPU op's self device time (its own kernels, not its children's) is charged once,
+    so the rows sum to the step's kernel time."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        trainer.train_step(trajs)
+        torch.cuda.synchronize()
+    time_us: collections.Counter[str] = collections.Counter()
+    kernels: collections.Counter[str] = collections.Counter()
+    for event in prof.events():
+        if event.device_type.name != "CPU" or event.self_device_time_total <= 0:
+            continue
+        site = _site(event)
+        time_us[site] += event.self_device_time_total
+        kernels[site] += len(event.kernels)
+    total = sum(time_us.values())
+    print(f"GPU time by project line (eager step, {total / 1e3:.1f} ms of kernels)")
+    print("| ms | share | kernels | line |\n|---:|---:|---:|---|")
+    for site, us in time_us.most_common(top):
+        print(f"| {us / 1e3:.2f} | {us / total:.1%} | {kernels[site]} | `{site}` |")
 
 
 def print_syncs(trainer: Trainer, trajs: list) -> None:

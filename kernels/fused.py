@@ -4,9 +4,9 @@ launch each on the Triton path where the unfused form takes several.
 Each function is, on every path, bitwise the unfused expression it replaces, so a caller
 may take either form and engine and trainer still agree:
 - reference path (CPU): the unfused torch expression itself;
-- Triton path with autograd needed (training): the unfused expression over the
-  differentiable kernels (`rlsys.kernels.rms_norm`, the Triton sigmoid with a torch
-  backward);
+- Triton path with autograd needed (training): the norms are the fused kernels below
+  as one autograd node each with a one-kernel backward (`triton_ops.autograd.RMSNormTo`,
+  `AddRMSNormTo`); the sigmoid is the Triton kernel with a torch backward;
 - Triton path without autograd (inference, the trainer's no-grad forwards): one fused
   kernel computing the same values in the same order (`triton_ops.rows`: the norm's
   reduction is the same kernel, specialised; no FMA contraction in any of them).
@@ -54,8 +54,12 @@ def sigmoid(x: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:
 
 def rms_norm_to(x: Tensor, gamma: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
     """`rms_norm(x, gamma, eps).to(dtype)`."""
-    if not fusable(x, gamma):
+    if not use_triton(x):
         return kernels.rms_norm(x, gamma, eps).to(dtype)
+    if needs_grad(x, gamma):
+        from rlsys.kernels.triton_ops.autograd import RMSNormTo
+
+        return RMSNormTo.apply(x, gamma, eps, dtype)
     from rlsys.kernels.triton_ops.rows import rms_norm_fwd
 
     return rms_norm_fwd(x, gamma, eps, dtype)
@@ -66,9 +70,13 @@ def add_rms_norm_to(
 ) -> tuple[Tensor, Tensor]:
     """`(h + a.float(), rms_norm(h + a.float(), gamma, eps).to(dtype))`; on the fused path
     `a` may also be a product's unreduced chunk products (`triton_ops.partials.Partials`)."""
-    if isinstance(a, Tensor) and not fusable(h, a, gamma):
+    if isinstance(a, Tensor) and not use_triton(h):
         h = h + a.float()
         return h, kernels.rms_norm(h, gamma, eps).to(dtype)
+    if isinstance(a, Tensor) and needs_grad(h, a, gamma):
+        from rlsys.kernels.triton_ops.autograd import AddRMSNormTo
+
+        return AddRMSNormTo.apply(h, a, gamma, eps, dtype)
     from rlsys.kernels.triton_ops.rows import add_rms_norm_fwd
 
     return add_rms_norm_fwd(h, a, gamma, eps, dtype)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from rlsys.kernels.triton_ops import rows
-from rlsys.kernels.triton_ops.norm_bwd import rms_norm_bwd
+from rlsys.kernels.triton_ops.norm_bwd import add_rms_norm_bwd, rms_norm_bwd
 from rlsys.kernels.triton_ops.products import grouped_mm, products
 from rlsys.kernels.triton_ops.swiglu import silu_mul_bwd
 
@@ -149,8 +149,10 @@ class GroupedTree(torch.autograd.Function):
 def _empty_experts_zero(grads: Tensor, empty: Tensor) -> Tensor:
     """Weight gradients (E, ., .) with an exact 0 for the `empty` experts (no rows): a
     grouped GEMM over an empty group reduces over nothing, and is not relied on to write
-    zeros. In place: one launch."""
-    return grads.masked_fill_(empty[:, None, None], 0.0)
+    zeros. In place, one launch that writes only the empty experts' slices."""
+    from rlsys.kernels.triton_ops.expert_plan import zero_empty_experts
+
+    return zero_empty_experts(grads, empty)
 
 
 class SortedRows(torch.autograd.Function):
@@ -166,10 +168,10 @@ class SortedRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        (inverse,) = ctx.saved_tensors
-        slots = g.index_select(0, inverse)  # (n * k, d), token-major
-        n, k = slots.shape[0] // ctx.k, ctx.k
-        gx = slots.view(n, k, -1).sum(1, dtype=torch.float32).to(g.dtype)
+        from rlsys.kernels.triton_ops.moe_bwd import slot_sum
+
+        (inverse,) = ctx.saved_tensors  # token-major: slot t * k + j is sorted row inverse[.]
+        gx = slot_sum(g.contiguous(), inverse.view(-1, ctx.k))
         return gx, None, None, None
 
 
@@ -185,6 +187,49 @@ class RMSNorm(torch.autograd.Function):
         x, gamma = ctx.saved_tensors
         gx, gg = rms_norm_bwd(x, gamma, g, ctx.eps)
         return gx, gg, None
+
+
+class RMSNormTo(torch.autograd.Function):
+    """`rms_norm(x, gamma, eps).to(dtype)` as one node: the forward is the fused kernel's
+    bits (`rows.rms_norm_fwd` rounds once to `dtype`, bitwise the cast of the fp32 norm),
+    the backward reads the rounded output's gradient as it is (no cast kernel either way)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, gamma: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
+        ctx.save_for_backward(x, gamma)
+        ctx.eps = eps
+        return rows.rms_norm_fwd(x, gamma, eps, dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        x, gamma = ctx.saved_tensors
+        gx, gg = rms_norm_bwd(x, gamma, g, ctx.eps)
+        return gx, gg, None, None
+
+
+class AddRMSNormTo(torch.autograd.Function):
+    """`h' = h + a.float()` and `rms_norm(h', gamma, eps).to(dtype)` as one node: forward
+    the fused kernel (`rows.add_rms_norm_fwd`, bitwise the unfused expression), backward one
+    kernel giving dh (the residual's gradient plus the norm's) and da (dh cast to a's
+    dtype) (`norm_bwd.add_rms_norm_bwd`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, h: Tensor, a: Tensor, gamma: Tensor, eps: float, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        h_new, y = rows.add_rms_norm_fwd(h, a, gamma, eps, dtype)
+        ctx.save_for_backward(h_new, gamma)
+        ctx.eps, ctx.a_dtype = eps, a.dtype
+        return h_new, y
+
+    @staticmethod
+    def backward(ctx: Any, g_h: Tensor | None, g_y: Tensor | None) -> tuple:
+        h_new, gamma = ctx.saved_tensors
+        if g_y is None:  # only the sum was used: the add's gradient alone
+            assert g_h is not None
+            return g_h, g_h.to(ctx.a_dtype), None, None, None
+        dh, da, gg = add_rms_norm_bwd(h_new, gamma, g_y, g_h, ctx.eps, ctx.a_dtype)
+        return dh, da, gg, None, None
 
 
 class LogSoftmax(torch.autograd.Function):
@@ -251,8 +296,8 @@ class RoutedGates(torch.autograd.Function):
 class Combine(torch.autograd.Function):
     """`h + (shared + sum_j gates[:, j] * y_sorted[pos[:, j]])` (N, d) fp32: the MoE's combine
     and residual add as the inference kernel computes them (`moe_route.combine_fwd`, bitwise
-    the unfused fold in slot order), with a backward of a few batched ops (the per-slot
-    fold's autograd graph is four nodes per slot). `pos` (N, k): where the expert layout put
+    the unfused fold in slot order), with a backward of one kernel (`combine_bwd`; the
+    per-slot fold's autograd graph is four nodes per slot). `pos` (N, k): where the expert layout put
     each (token, slot) row, a permutation of the rows of `y_sorted` (N * k, d) fp32."""
 
     @staticmethod
@@ -269,16 +314,12 @@ class Combine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
+        from rlsys.kernels.triton_ops.moe_bwd import combine_bwd
+
         y_sorted, pos, gates = ctx.saved_tensors
-        n, k = pos.shape
-        flat = pos.reshape(-1)
-        need_y, need_gates = ctx.needs_input_grad[1], ctx.needs_input_grad[3]
-        gy = None
-        if need_y:  # row pos[t, j] of y_sorted fed token t with weight gates[t, j]
-            slots = (g.unsqueeze(1) * gates.float().unsqueeze(-1)).reshape(n * k, -1)
-            gy = torch.empty_like(y_sorted).index_copy_(0, flat, slots)
-        gg = None
-        if need_gates:  # d out / d gates[t, j] = y_sorted[pos[t, j]]
-            y_tok = y_sorted.index_select(0, flat).view(n, k, -1)
-            gg = torch.bmm(y_tok, g.unsqueeze(-1)).squeeze(-1).to(gates.dtype)
+        # one pass: row pos[t, j] of y_sorted fed token t with weight gates[t, j], and
+        # d out / d gates[t, j] = y_sorted[pos[t, j]]
+        gy, gg = combine_bwd(
+            g.contiguous(), y_sorted, pos, gates, ctx.needs_input_grad[1], ctx.needs_input_grad[3]
+        )
         return g, gy, None, gg, (g if ctx.has_shared else None)

@@ -8,6 +8,9 @@ From `counts` (E,) rows per expert (rows sorted by expert), one program writes:
   `torch._grouped_mm` and the backward take;
 - `empty` (E,) bool: experts without rows (their weight gradients must be exactly 0).
 
+`zero_empty_experts` then writes those exact zeros into a grouped weight gradient (E, ., .):
+only the empty experts' slices are touched, where a `masked_fill_` read and wrote all E.
+
 Invariant: the same integers as the torch form the trainer ran before (a searchsorted over
 the tile ends; `tests/kernels/test_expert_plan.py` keeps it as the oracle), surplus tiles
 included, so every kernel that reads the table is unchanged. It replaces that form's ~13
@@ -25,6 +28,8 @@ from torch import Tensor
 from rlsys.kernels.triton_ops.common import check_device, next_pow2
 
 TILE_CHUNK = 128  # tiles per step of the program's walk over the table
+ZERO_SPLIT = 16  # programs per expert of `zero_empty_experts` (each a contiguous part)
+ZERO_BLOCK = 2048  # elements per store of `zero_empty_experts`
 
 
 @triton.jit
@@ -76,3 +81,29 @@ def expert_plan(
         EP=next_pow2(e, 2), CH=TILE_CHUNK, BM=bm,
     )  # fmt: skip
     return tiles, offsets, empty  # type: ignore[return-value]
+
+
+@triton.jit
+def _zero_empty(G, EMPTY, per, part, BLOCK: tl.constexpr):
+    e = tl.program_id(0)
+    if tl.load(EMPTY + e):  # most experts have rows: their programs load one byte
+        start = tl.program_id(1).to(tl.int64) * part
+        end = tl.minimum(start + part, per)
+        base = G + e.to(tl.int64) * per
+        c = tl.arange(0, BLOCK)
+        for i in range(start, end, BLOCK):
+            tl.store(base + i + c, tl.zeros([BLOCK], G.dtype.element_ty), mask=i + c < end)
+
+
+def zero_empty_experts(grads: Tensor, empty: Tensor) -> Tensor:
+    """`grads` (E, ., .) with exact zeros in the `empty` experts' slices, in place (a grouped
+    GEMM over an empty group reduces over nothing and is not relied on to write zeros)."""
+    check_device(grads, empty)
+    if not grads.is_contiguous():
+        return grads.masked_fill_(empty[:, None, None], 0.0)
+    e = grads.shape[0]
+    per = grads[0].numel() if e else 0
+    if per:
+        part = triton.cdiv(triton.cdiv(per, ZERO_SPLIT), ZERO_BLOCK) * ZERO_BLOCK
+        _zero_empty[(e, triton.cdiv(per, part))](grads, empty, per, part, BLOCK=ZERO_BLOCK)
+    return grads

@@ -9,7 +9,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from rlsys.kernels.triton_ops.expert_plan import TILE_CHUNK, expert_plan  # noqa: E402
+from rlsys.kernels.triton_ops.expert_plan import (  # noqa: E402
+    TILE_CHUNK,
+    ZERO_BLOCK,
+    expert_plan,
+    zero_empty_experts,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BM = 64
@@ -80,3 +85,16 @@ def test_the_plan_compiles_for_sm90() -> None:
         {"num_warps": 4, "num_stages": 3},
     )
     assert used.stack == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_only_the_empty_experts_gradients_become_zero(dtype: torch.dtype) -> None:
+    # a slice of several stores per program, and one that does not fill its last store
+    grads = torch.randn(5, 3, 2 * ZERO_BLOCK + 7, generator=torch.Generator().manual_seed(0))
+    grads = grads.to(dtype).to(DEV)
+    before = grads.clone()
+    empty = torch.tensor([False, True, False, False, True], device=DEV)
+    out = zero_empty_experts(grads, empty)
+    assert out.data_ptr() == grads.data_ptr()  # in place
+    assert torch.equal(out, before.masked_fill(empty[:, None, None], 0.0))
+    assert int((out[1] != 0).sum()) == 0 and int((out[4] != 0).sum()) == 0
