@@ -45,6 +45,13 @@ class _ZeroCenter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        from rlsys.kernels.dispatch import use_triton
+
+        if use_triton(grad):  # the same projection in one launch
+            from rlsys.kernels.triton_ops.zero_center import zero_center_bwd
+
+            rounds = _RESIDUAL_ROUNDS if grad.dtype != torch.float32 else 0
+            return zero_center_bwd(grad, ctx.mask, rounds), None
         g = grad.float()
         m = torch.ones_like(g) if ctx.mask is None else ctx.mask.to(g.dtype)
         mean = (g * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
