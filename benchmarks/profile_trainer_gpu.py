@@ -116,9 +116,14 @@ def main() -> None:
 
 
 def _site(event: object) -> str:
-    """The innermost project function on an op's Python stack (the profiler records Python
-    calls as parent events named `path(line): function`, line = the def), else the
-    built-in backward node that ran it."""
+    """The innermost project function on an op's Python stack, else the built-in backward
+    node that ran it. Torch versions differ in where the stack is: a list of frames on the
+    event (`path(line): function`), or Python calls recorded as parent events so named."""
+    for frame in getattr(event, "stack", None) or []:
+        path = frame.split("(", 1)[0]
+        for top in PROJECT_DIRS:
+            if f"/{top}" in path and "/site-packages/" not in path:
+                return top + frame.split(f"/{top}", 1)[1]
     parent = getattr(event, "cpu_parent", None)
     while parent is not None:
         if parent.name.startswith(PROJECT_DIRS):

@@ -1,7 +1,7 @@
 """The Triton path's indexer KL (`rlsys.model.indexer_kl`) against the loss written with
 plain autograd ops over every block (the reference's formula, per sequence).
 
-The chunk's backward is hand-written and a chunk scores only the blocks its rows can
+The node's backward is hand-written and a chunk scores only the blocks its rows can
 select, so both are checked here: loss and both gradients, on sequences whose rows select
 padding (-1), rows with a single block (not usable) and rows without mass.
 """
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from rlsys.kernels.triton_ops.indexer import Selection
-from rlsys.model.indexer_kl import IndexerKLChunk, indexer_kl
+from rlsys.model.indexer_kl import IndexerKL, indexer_kl
 from rlsys.model.kv_layout import PackedLayout
 
 B, HKV, IDX, KSEL = 4, 2, 8, 3
@@ -70,11 +70,13 @@ def sequences(lengths: list[int], seed: int = 0) -> tuple:
 def test_a_chunk_gives_the_plain_loss_and_gradients() -> None:
     qi, bk, ids, mass, _ = sequences([40])
     a_qi, a_bk = qi.clone().requires_grad_(), bk.clone().requires_grad_()
-    s, c = IndexerKLChunk.apply(a_qi, a_bk, ids, mass, "ieee")
-    (2.5 * s).backward()
+    plan = [(0, 0, ids.shape[0], 0, bk.shape[0])]  # one sequence, one chunk
+    s, c = IndexerKL.apply(a_qi, a_bk, ids, mass, plan, 1, "ieee")
+    (2.5 * s).sum().backward()
     r_qi, r_bk = qi.clone().requires_grad_(), bk.clone().requires_grad_()
     rs, rc = plain_kl(r_qi, r_bk, ids, mass)
     (2.5 * rs).backward()
+    s, c = s[0], c[0]
     assert int(c) == int(rc) and 0 < int(c) < ids.shape[0] * HKV
     torch.testing.assert_close(s, rs, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(a_qi.grad, r_qi.grad, rtol=1e-5, atol=1e-6)
