@@ -61,6 +61,7 @@ ORDER = [
     "gpu_step_phases",
     "route_payload",
     "gpu_graphed_trainer",
+    "gpu_backward_fusions",
     "ci_time",
 ]
 

@@ -18,7 +18,8 @@ the layout put them, cast once. Before: an `index_select` into an (N, k, d) copy
 sum and a cast.
 Invariants: `pos` is a permutation of the rows of y, so each row of dY is written by one
 program exactly once (no atomics); each gate gradient is one program's reduction in a fixed
-order, so the bits are the same on every run.
+order, so the bits are the same on every run (and, without FMA contraction, in every
+specialisation: with or without the other output).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def combine_bwd(
             g, y_sorted, pos, gates, out_y, out_g, n, d, g.stride(0), y_sorted.stride(0),
             pos.stride(0), gates.stride(0), out_y.stride(0), out_g.stride(0),
             K=k, KP=next_pow2(k), BLOCK=block, ROWS=rows, NEED_Y=need_y,
-            NEED_GATES=need_gates,
+            NEED_GATES=need_gates, enable_fp_fusion=False,
         )  # fmt: skip
     return gy, gg
 
