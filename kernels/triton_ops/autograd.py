@@ -296,9 +296,10 @@ class RoutedGates(torch.autograd.Function):
 class Combine(torch.autograd.Function):
     """`h + (shared + sum_j gates[:, j] * y_sorted[pos[:, j]])` (N, d) fp32: the MoE's combine
     and residual add as the inference kernel computes them (`moe_route.combine_fwd`, bitwise
-    the unfused fold in slot order), with a backward of one kernel (`combine_bwd`; the
-    per-slot fold's autograd graph is four nodes per slot). `pos` (N, k): where the expert layout put
-    each (token, slot) row, a permutation of the rows of `y_sorted` (N * k, d) fp32."""
+    the unfused fold in slot order), with a backward of one kernel (`moe_bwd.combine_bwd`;
+    the per-slot fold's autograd graph is four nodes per slot). `pos` (N, k): where the
+    expert layout put each (token, slot) row, a permutation of the rows of `y_sorted`
+    (N * k, d) fp32."""
 
     @staticmethod
     def forward(
