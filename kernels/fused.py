@@ -70,13 +70,14 @@ def add_rms_norm_to(
 ) -> tuple[Tensor, Tensor]:
     """`(h + a.float(), rms_norm(h + a.float(), gamma, eps).to(dtype))`; on the fused path
     `a` may also be a product's unreduced chunk products (`triton_ops.partials.Partials`)."""
-    if isinstance(a, Tensor) and not use_triton(h):
-        h = h + a.float()
-        return h, kernels.rms_norm(h, gamma, eps).to(dtype)
-    if isinstance(a, Tensor) and needs_grad(h, a, gamma):
-        from rlsys.kernels.triton_ops.autograd import AddRMSNormTo
+    if isinstance(a, Tensor):
+        if not use_triton(h):
+            h = h + a.float()
+            return h, kernels.rms_norm(h, gamma, eps).to(dtype)
+        if needs_grad(h, a, gamma):
+            from rlsys.kernels.triton_ops.autograd import AddRMSNormTo
 
-        return AddRMSNormTo.apply(h, a, gamma, eps, dtype)
+            return AddRMSNormTo.apply(h, a, gamma, eps, dtype)
     from rlsys.kernels.triton_ops.rows import add_rms_norm_fwd
 
     return add_rms_norm_fwd(h, a, gamma, eps, dtype)

@@ -25,17 +25,21 @@ CHUNK = 2048  # columns per step of a row's walk
 
 
 @triton.jit
-def _rounded(G, M, row, c, v, mean, i1, fixed1, s_g, s_m, HAS_MASK: tl.constexpr, DT: tl.constexpr):
-    """(the row's rounded output at columns c, with the first fix at i1; allowed; live)."""
+def _load(G, M, row, c, v, s_g, s_m, HAS_MASK: tl.constexpr):
+    """(g at columns c in fp32, whether each is allowed: live and in the mask)."""
     live = c < v
     g = tl.load(G + row * s_g + c, mask=live, other=0.0).to(tl.float32)
     if HAS_MASK:
-        allowed = tl.load(M + row * s_m + c, mask=live, other=0) != 0
-    else:
-        allowed = live
+        return g, (tl.load(M + row * s_m + c, mask=live, other=0) != 0) & live
+    return g, live
+
+
+@triton.jit
+def _rounded(G, M, row, c, v, mean, i1, fixed1, s_g, s_m, HAS_MASK: tl.constexpr, DT: tl.constexpr):
+    """(the row's rounded output at columns c, with the first fix at i1; allowed)."""
+    g, allowed = _load(G, M, row, c, v, s_g, s_m, HAS_MASK)
     out = (g - tl.where(allowed, mean, 0.0)).to(DT)
-    out = tl.where(c == i1, fixed1, out)
-    return out, allowed & live
+    return tl.where(c == i1, fixed1, out), allowed
 
 
 @triton.jit
@@ -46,15 +50,11 @@ def _zero_center_bwd(
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, CH)
     DT: tl.constexpr = OUT.dtype.element_ty
+    tl.static_assert(ROUNDS <= 2)  # the walks below carry at most two fixes
     total = tl.zeros([CH], tl.float32)
     count = tl.zeros([CH], tl.float32)
     for c0 in range(0, v, CH):
-        live = c0 + c < v
-        g = tl.load(G + row * s_g + c0 + c, mask=live, other=0.0).to(tl.float32)
-        if HAS_MASK:
-            allowed = (tl.load(M + row * s_m + c0 + c, mask=live, other=0) != 0) & live
-        else:
-            allowed = live
+        g, allowed = _load(G, M, row, c0 + c, v, s_g, s_m, HAS_MASK)
         total += tl.where(allowed, g, 0.0)
         count += allowed.to(tl.float32)
     mean = tl.sum(total, axis=0) / tl.maximum(tl.sum(count, axis=0), 1.0)
@@ -92,7 +92,8 @@ def _zero_center_bwd(
 
 def zero_center_bwd(grad: Tensor, mask: Tensor | None, rounds: int) -> Tensor:
     """The projected gradient (grad's shape and dtype) of grad (..., V); `mask` (..., V)
-    bool the allowed entries or None (all); `rounds` residual fixes (0 for fp32)."""
+    bool the allowed entries or None (all); `rounds` residual fixes (0 for fp32, at most
+    2)."""
     check_device(grad)
     v = grad.shape[-1]
     g = grad.reshape(-1, v)
