@@ -13,13 +13,19 @@ every mode before the next; per activation-checkpointing setting: two
 trajectories of that length (a 256-token prompt, then policy tokens; behaviour log-probs,
 routed experts and top-64 candidate sets recorded by a no-grad packed forward, as the
 engine records them), replay on, chunked LM head, one warm-up step, then `--repeat` timed
-steps (the best is shown), then one step under the torch profiler for the GPU-busy share
-(kernel time / that step's wall; the profiler's own overhead lowers it a little). Model
+steps (the best is shown), then one step under the torch profiler for the GPU-busy share:
+the time in which a kernel runs (overlaps once) over the best unprofiled step's wall. The
+profiler's per-launch callbacks slow the host, so its own wall would undercount a step the
+host bounds (`busy_profiled` in the JSON rows: kernel time / profiled wall, the measure
+before the twenty-third session). Model
 FLOPs per token = 6 x active parameters in matrix products (routed top-k + shared experts,
 projections, index projections, LM head) + attention: 12 x heads x head_dim x keys seen per
 layer (the SWA window, or Sparse GQA's selected top-k keys) + the indexer's block scores
 (6 x groups x index_dim x past blocks). MFU = model FLOPs / step time / the card's dense bf16
 peak (`device_peaks`: 989 TFLOP/s on the H200 and the H100 SXM); recomputation under checkpointing is not counted as useful work.
+Peak GiB: the allocated peak over the timed steps, and in brackets the reserved peak (what
+the process holds: a graph replay's kernels use the graph's memory pool without the
+allocator, so only the reserved peak counts it).
 `--pack 2` packs both sequences into one micro-batch (`micro_batch_tokens` = 2 x length)
 instead of one each: half the launches per token, where the host bounds the step.
 """
@@ -102,8 +108,27 @@ def trajectory(model: Transformer, length: int, device: str = "cuda") -> Traject
     return Trajectory("r0", "g", "t", [seg], reward=1.0)
 
 
-def gpu_busy(step: Callable[[], object]) -> tuple[float, float]:
-    """(GPU kernel seconds, wall seconds) of one call of `step` under the profiler."""
+def kernel_spans(prof: profile) -> list[tuple[float, float]]:
+    """(start, end) in microseconds of every GPU kernel and copy the profiler saw, sorted."""
+    return sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+    )
+
+
+def busy_us(spans: list[tuple[float, float]]) -> float:
+    """Microseconds in which at least one of `spans` (sorted) runs: overlaps count once."""
+    busy, reach = 0.0, spans[0][0] if spans else 0.0
+    for start, end in spans:
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return busy
+
+
+def gpu_busy(step: Callable[[], object]) -> tuple[float, float, float]:
+    """(seconds in which a kernel runs, summed kernel seconds, wall seconds) of one call of
+    `step` under the profiler."""
     torch.cuda.synchronize()
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -112,7 +137,7 @@ def gpu_busy(step: Callable[[], object]) -> tuple[float, float]:
     wall = time.perf_counter() - start
     events = prof.key_averages()
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
-    return kernel_us / 1e6, wall
+    return busy_us(kernel_spans(prof)) / 1e6, kernel_us / 1e6, wall
 
 
 def one(
@@ -145,14 +170,21 @@ def one(
     if model.trunk_graphs is not None:  # a timed step replays every micro-batch's trunk
         replays = (model.trunk_graphs.replays - replays) / repeat
     peak = torch.cuda.max_memory_allocated() / 2**30
-    kernel_s, wall = gpu_busy(lambda: trainer.train_step(trajs))
+    # a graph replay's kernels write into the graph's memory pool without asking the
+    # allocator, so the allocated peak misses them: what the process holds is the reserved
+    reserved = torch.cuda.max_memory_reserved() / 2**30
+    running_s, kernel_s, wall = gpu_busy(lambda: trainer.train_step(trajs))
     tokens = 2 * length
     return {
         "tok_s": tokens / best,
         "step_s": best,
         "mfu": 2 * model_flops(model, length) / best / device_peak().bf16_flops,
-        "busy": kernel_s / wall,
+        # the profiler's per-launch callbacks slow the host, not the kernels: the share of
+        # the unprofiled step in which a kernel runs (the profiled step's share beside it)
+        "busy": min(1.0, running_s / best),
+        "busy_profiled": kernel_s / wall,
         "peak_gib": peak,
+        "reserved_gib": reserved,
         "graph_replays_per_step": replays,
     }
 
@@ -228,7 +260,7 @@ def main() -> None:
                 print(f"[{mode}: exit {child.returncode}]", flush=True)
     anchor = modes[-1]
     head = "| tokens/seq | activation ckpt | graphs | linear | tokens/s | step s | MFU | GPU busy"
-    print(f"\n{head} | peak GiB | vs {anchor} |")
+    print(f"\n{head} | peak GiB (reserved) | vs {anchor} |")
     print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
     for mode in modes:
         for i, r in enumerate(rows[mode]):
@@ -243,7 +275,8 @@ def main() -> None:
             print(
                 f"| {r['length']} | {r['ckpt']} | {r['graphs']} | {mode} | {r['tok_s']:,.0f} "
                 f"| {r['step_s']:.3f} "
-                f"| {r['mfu']:.1%} | {r['busy']:.0%} | {r['peak_gib']:.1f} | {ratio} |",
+                f"| {r['mfu']:.1%} | {r['busy']:.0%} | {r['peak_gib']:.1f} ({r['reserved_gib']:.1f}) "
+                f"| {ratio} |",
                 flush=True,
             )
 

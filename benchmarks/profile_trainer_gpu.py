@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_trainer_gpu import trajectory  # noqa: E402
+from benchmarks.bench_trainer_gpu import busy_us, kernel_spans, trajectory  # noqa: E402
 from rlsys.config.algo import AlgoConfig  # noqa: E402
 from rlsys.config.job import TrainerSection  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
@@ -109,10 +109,41 @@ def main() -> None:
         f"profiler; {sum(aten.values()):,} aten op calls"
     )
     print("most frequent aten ops: " + ", ".join(f"{k[6:]} {v:,}" for k, v in top))
+    print_kernel_sizes(prof)
     if args.syncs:
         print_syncs(trainer, trajs)
     if args.sites:
         print_sites(trainer, trajs, args.sites)
+
+
+SIZE_EDGES_US = (5, 20, 100, 1000)  # kernel durations binned at these edges
+
+
+def print_kernel_sizes(prof: profile) -> None:
+    """The step's kernels binned by duration (count and time per bin), and the device's idle
+    time inside the step's kernel span (first kernel start to last kernel end, gaps between
+    kernels that overlap nothing): small kernels' share against the idle share."""
+    spans = kernel_spans(prof)
+    if not spans:
+        return
+    bins = [[0, 0.0] for _ in range(len(SIZE_EDGES_US) + 1)]
+    for start, end in spans:
+        slot = sum(end - start >= edge for edge in SIZE_EDGES_US)
+        bins[slot][0] += 1
+        bins[slot][1] += end - start
+    busy = busy_us(spans)
+    span = max(end for _, end in spans) - spans[0][0]
+    total = sum(b[1] for b in bins)
+    print(
+        f"kernel span {span / 1e3:.1f} ms: device busy {busy / 1e3:.1f} ms ({busy / span:.1%}), "
+        f"idle between kernels {(span - busy) / 1e3:.1f} ms"
+    )
+    labels = [f"< {SIZE_EDGES_US[0]} us"]
+    labels += [f"{a}-{b} us" for a, b in zip(SIZE_EDGES_US, SIZE_EDGES_US[1:], strict=False)]
+    labels += [f">= {SIZE_EDGES_US[-1]} us"]
+    print("| kernel duration | kernels | ms | share of kernel time |\n|---|---:|---:|---:|")
+    for label, (n, us) in zip(labels, bins, strict=True):
+        print(f"| {label} | {n:,} | {us / 1e3:.1f} | {us / total:.1%} |")
 
 
 def _site(event: object) -> str:

@@ -22,6 +22,11 @@ from rlsys.kernels.triton_ops.products import grouped_mm, products
 from rlsys.kernels.triton_ops.swiglu import silu_mul_bwd
 
 SPLIT_ROWS = 4096  # rows per part of a weight gradient's reduction (`weight_grad`)
+# small outputs (the router's 32 x 1024, the indexer's blocks x 64) take more, shorter
+# parts: enough that the parts' partial products hold this many elements, each part at
+# least MIN_PART_ROWS long (the partials are summed by one fp32 reduction)
+PARTIAL_ELEMENTS = 2**21
+MIN_PART_ROWS = 128
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -29,19 +34,28 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
 
     With cuBLAS's workspace at zero (`products.py`) cuBLAS cannot split this long reduction
     over thread blocks, and an (N, K) output of 1024 x 1024 is only 32-64 output tiles for
-    132 SMs. So the rows are cut into parts of SPLIT_ROWS, one batched GEMM gives each
+    132 SMs. So the rows are cut into parts (`split_parts`), one batched GEMM gives each
     part's product, and the parts are summed in fp32 (a fixed order: the backward needs no
     batch invariance, only the same bits on every run)."""
     m = g.shape[0]
-    parts = m // SPLIT_ROWS
+    parts = split_parts(m, g.shape[1] * x.shape[1])
     if parts < 2:
         return g.t() @ x
-    main = parts * SPLIT_ROWS
-    gp = g[:main].reshape(parts, SPLIT_ROWS, -1).transpose(1, 2)
-    total = torch.bmm(gp, x[:main].reshape(parts, SPLIT_ROWS, -1)).sum(0, dtype=torch.float32)
+    rows = m // parts
+    main = parts * rows
+    gp = g[:main].reshape(parts, rows, -1).transpose(1, 2)
+    total = torch.bmm(gp, x[:main].reshape(parts, rows, -1)).sum(0, dtype=torch.float32)
     if main < m:
         total += g[main:].t() @ x[main:]
     return total.to(g.dtype)
+
+
+def split_parts(m: int, out_elements: int) -> int:
+    """Parts a reduction over `m` rows into an output of `out_elements` is cut into: one per
+    SPLIT_ROWS rows, or more for a small output (at 8K rows the router's fp32 gradient ran
+    as 64 thread blocks of 4,096-long dot products: 150 us on an H100)."""
+    wide = min(m // MIN_PART_ROWS, PARTIAL_ELEMENTS // max(1, out_elements))
+    return max(m // SPLIT_ROWS, wide, 1)
 
 
 class Linear(torch.autograd.Function):

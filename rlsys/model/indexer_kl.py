@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlsys.kernels.triton_ops.autograd import weight_grad
 from rlsys.kernels.triton_ops.common import dot_precision
 from rlsys.kernels.triton_ops.indexer import Selection
 from rlsys.model.kv_layout import PackedLayout
@@ -93,7 +94,8 @@ def _chunk_backward(
     ds2 = ds.reshape(r * hkv, nb)
     with fp32_products(precision):
         torch.mm(ds2, bk, out=d_qi.view(r * hkv, idx_dim))
-        d_bk.addmm_(ds2.T, qi.reshape(r * hkv, idx_dim))
+        # split over the rows: one addmm_ reduced all r x Hkv rows in 64 thread blocks
+        d_bk.add_(weight_grad(ds2, qi.reshape(r * hkv, idx_dim)))
 
 
 class IndexerKL(torch.autograd.Function):

@@ -3,7 +3,7 @@ group with FSDP2 (`Sharded`), behind one interface the `Trainer` calls without a
 
 Everything that differs between the two is here: which micro-batches this rank runs and its
 padding passes, how the loss is back-propagated, what is summed over ranks after the
-passes, how the gradient norm is clipped, how a full state dict is read and written, and
+passes, how the gradient norm is clipped (in the fused update on one rank, in place when sharded), how a full state dict is read and written, and
 the unsharded models the trainer builds (reference policy, mismatch scratch model).
 
 Invariants (`data_parallel.py`, `fsdp.py` hold the mechanics): under `Sharded` every method
@@ -39,6 +39,7 @@ from rlsys.trainer.fsdp import (
     load_full_state_dict,
     shard_policy,
 )
+from rlsys.trainer.grad_clip import folded_clip
 from rlsys.trainer.metrics import TokenSums
 from rlsys.trainer.mtp_loss import clip_policy_and_mtp
 
@@ -70,8 +71,10 @@ class Local:
     def reduce_critic(self, critic: nn.Module) -> None:
         """Sum a replicated module's gradients over ranks (nothing on one rank)."""
 
-    def clip(self, model: PolicyModel, max_norm: float) -> Tensor:
-        return clip_policy_and_mtp(model, max_norm)  # type: ignore[arg-type]
+    def clip(self, model: PolicyModel, max_norm: float) -> tuple[Tensor, Tensor | None]:
+        """(the policy's gradient norm, the divisor the fused update applies to every
+        gradient: the clip folded into the update, `grad_clip.py`; None: clipped in place)."""
+        return folded_clip(model, max_norm)
 
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
         return model.state_dict()
@@ -142,8 +145,9 @@ class Sharded(Local):
     def reduce_critic(self, critic: nn.Module) -> None:
         reduce_gradients(critic, self._dp.group)
 
-    def clip(self, model: PolicyModel, max_norm: float) -> Tensor:
-        return clip_policy_and_mtp(model, max_norm, sharded=True)  # type: ignore[arg-type]
+    def clip(self, model: PolicyModel, max_norm: float) -> tuple[Tensor, Tensor | None]:
+        """Clipped in place: the norm is reduced over ranks first (the update is not told)."""
+        return clip_policy_and_mtp(model, max_norm, sharded=True), None  # type: ignore[arg-type]
 
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
         return full_state_dict(model)

@@ -57,6 +57,7 @@ from rlsys.trainer.critic import Critic
 from rlsys.trainer.critic_pretrain import fit_critic
 from rlsys.trainer.data_parallel import DataParallel, preserved_statistics
 from rlsys.trainer.forward import packed_hidden
+from rlsys.trainer.grad_clip import divided_gradients
 from rlsys.trainer.logprobs import LogProbOptions, PolicyLogProbs, policy_log_probs
 from rlsys.trainer.metrics import StepMetrics, TokenSums, candidate_set_sizes
 from rlsys.trainer.mismatch import StaleMismatch
@@ -268,10 +269,11 @@ class Trainer:
 
     def _update(self) -> Tensor:
         """Clip, AdamW, the MoE balance update, the critic's update; the policy's grad norm."""
-        grad_norm = self.parallel.clip(self.model, self.cfg.grad_clip)
+        grad_norm, divisor = self.parallel.clip(self.model, self.cfg.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
-        self.optimizer.step()
+        with divided_gradients(self.optimizer, divisor):  # the clip, where it is folded in
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.update_balance()
         if self.critic is not None:
