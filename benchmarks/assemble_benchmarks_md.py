@@ -62,6 +62,7 @@ ORDER = [
     "route_payload",
     "gpu_graphed_trainer",
     "gpu_backward_fusions",
+    "gpu_step_tail",
     "ci_time",
 ]
 
