@@ -274,9 +274,8 @@ def main() -> None:
             ratio = f"{r['tok_s'] / ref['tok_s']:.2f}" if ref.get("tok_s") else ""
             print(
                 f"| {r['length']} | {r['ckpt']} | {r['graphs']} | {mode} | {r['tok_s']:,.0f} "
-                f"| {r['step_s']:.3f} "
-                f"| {r['mfu']:.1%} | {r['busy']:.0%} | {r['peak_gib']:.1f} ({r['reserved_gib']:.1f}) "
-                f"| {ratio} |",
+                f"| {r['step_s']:.3f} | {r['mfu']:.1%} | {r['busy']:.0%} "
+                f"| {r['peak_gib']:.1f} ({r['reserved_gib']:.1f}) | {ratio} |",
                 flush=True,
             )
 

@@ -35,11 +35,12 @@ def folded_clip(model: PolicyModel, max_norm: float) -> tuple[Tensor, Tensor]:
     """(the policy's gradient norm, the divisor D the fused update applies to every
     gradient); the MTP heads' gradients, if any, are scaled in place by their own clip
     coefficient times D (module doc)."""
-    heads = {id(p) for p in model.mtp.parameters()}  # type: ignore[union-attr]
+    head_params = list(model.mtp.parameters())  # type: ignore[union-attr]
+    heads = {id(p) for p in head_params}
     grads = [p.grad for p in model.parameters() if p.grad is not None and id(p) not in heads]
     norm = torch.nn.utils.get_total_norm(grads, 2.0).float()
     divisor = ((norm + CLIP_EPS) / max_norm).clamp_min(1.0)
-    head_grads = [p.grad for p in model.mtp.parameters() if p.grad is not None]  # type: ignore[union-attr]
+    head_grads = [p.grad for p in head_params if p.grad is not None]
     if head_grads:
         head_norm = torch.nn.utils.get_total_norm(head_grads, 2.0).float()
         coef = (max_norm / (head_norm + CLIP_EPS)).clamp_max(1.0)

@@ -3,8 +3,9 @@ group with FSDP2 (`Sharded`), behind one interface the `Trainer` calls without a
 
 Everything that differs between the two is here: which micro-batches this rank runs and its
 padding passes, how the loss is back-propagated, what is summed over ranks after the
-passes, how the gradient norm is clipped (in the fused update on one rank, in place when sharded), how a full state dict is read and written, and
-the unsharded models the trainer builds (reference policy, mismatch scratch model).
+passes, how the gradient norm is clipped (inside the fused update on one rank, in place
+when sharded), how a full state dict is read and written, and the unsharded models the
+trainer builds (reference policy, mismatch scratch model).
 
 Invariants (`data_parallel.py`, `fsdp.py` hold the mechanics): under `Sharded` every method
 that touches the policy is a collective (every rank calls it, in the same order, with the
@@ -73,7 +74,7 @@ class Local:
 
     def clip(self, model: PolicyModel, max_norm: float) -> tuple[Tensor, Tensor | None]:
         """(the policy's gradient norm, the divisor the fused update applies to every
-        gradient: the clip folded into the update, `grad_clip.py`; None: clipped in place)."""
+        gradient): the clip folded into the update (`grad_clip.py`)."""
         return folded_clip(model, max_norm)
 
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
@@ -146,7 +147,8 @@ class Sharded(Local):
         reduce_gradients(critic, self._dp.group)
 
     def clip(self, model: PolicyModel, max_norm: float) -> tuple[Tensor, Tensor | None]:
-        """Clipped in place: the norm is reduced over ranks first (the update is not told)."""
+        """(the policy's gradient norm, None): clipped in place, the norm reduced over ranks
+        first (the update divides by nothing)."""
         return clip_policy_and_mtp(model, max_norm, sharded=True), None  # type: ignore[arg-type]
 
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
