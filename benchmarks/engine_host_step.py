@@ -23,7 +23,8 @@ collector's walks before the first step, as the replica does at start-up (`rlsys
 
 Prints, per round of `--steps` steps, the median (and mean, which counts the garbage
 collector's pauses and the route logs' folds) host milliseconds per step and per sequence; with `--breakdown`, one more round with wrappers on the host functions (their
-inclusive time, device work taken out; the wrappers' own cost inflates it).
+inclusive time, device work taken out; the wrappers' own cost inflates it); with
+`--profile N`, one more round under cProfile: the N functions with the most self time.
 
 `--layout-contexts`: the layout's share alone at longer contexts than the interpreter can
 reach (`StaticDecodeLayout.fill`, 64-token pages, a 512-token window, `--batch` sequences
@@ -34,8 +35,10 @@ in lockstep, which cross page boundaries in the same step): median and longest f
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -166,6 +169,27 @@ def steady_host_ms(core: EngineCore, device: DeviceWork, steps: int, batch: int)
     return out
 
 
+def print_profile(core: EngineCore, device: DeviceWork, steps: int, batch: int, top: int) -> None:
+    """One more round under cProfile (the start-up and the interpreter's first step stay
+    out of it: profiled, they take many minutes): the `top` functions by self time, per
+    step. The replayed device work is one function here, near the top; its time is the
+    lookup that returns the first step's outputs again."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    steady_host_ms(core, device, steps, batch)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
+    print("| self ms per step | inclusive ms per step | calls per step | function |")
+    print("|---:|---:|---:|---|")
+    for (path, line, name), (_, calls, self_s, incl_s, _) in rows:
+        where = f"{Path(path).name}:{line} {name}" if line else name
+        print(
+            f"| {1000 * self_s / steps:.3f} | {1000 * incl_s / steps:.3f} "
+            f"| {calls / steps:.1f} | `{where}` |"
+        )
+
+
 def layout_fill_ms(batch: int, context: int, steps: int = 200) -> tuple[float, float]:
     """Median and longest `StaticDecodeLayout.fill` (ms) of `batch` sequences decoding in
     lockstep from `context - 100` tokens (64-token pages)."""
@@ -201,6 +225,7 @@ def main() -> None:
     parser.add_argument("--device-work", choices=("replayed", "real"), default="replayed")
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--layout-contexts", default="")
+    parser.add_argument("--profile", type=int, default=0, help="top functions of one round")
     args = parser.parse_args()
     if args.layout_contexts:
         torch.set_num_threads(1)
@@ -211,7 +236,7 @@ def main() -> None:
             print(f"| {args.batch} | {context} | {median:.3f} | {longest:.3f} |")
         return
     device = DeviceWork(replay=args.device_work == "replayed")
-    rounds = args.rounds + (1 if args.breakdown else 0)
+    rounds = args.rounds + (1 if args.breakdown else 0) + (1 if args.profile else 0)
     core = loaded_graph_core(args.batch, args.prompt, 2 + rounds * args.steps + 4)
     freeze_startup_objects()  # as the replica does once it is built (`gc_freeze`)
     device.armed = True  # the first decode step's outputs are the ones replayed
@@ -232,6 +257,8 @@ def main() -> None:
         f"host ms per step, the rounds' medians: {', '.join(f'{m:.2f}' for m in medians)}; "
         f"means: {', '.join(f'{m:.2f}' for m in means)}"
     )
+    if args.profile:
+        print_profile(core, device, args.steps, args.batch, args.profile)
     if args.breakdown:
         breakdown = Breakdown(device)
         breakdown.install()
