@@ -122,7 +122,9 @@ SIZE_EDGES_US = (5, 20, 100, 1000)  # kernel durations binned at these edges
 def print_kernel_sizes(prof: profile) -> None:
     """The step's kernels binned by duration (count and time per bin), and the device's idle
     time inside the step's kernel span (first kernel start to last kernel end, gaps between
-    kernels that overlap nothing): small kernels' share against the idle share."""
+    kernels that overlap nothing). The span is the profiled step's, whose host the
+    profiler slows: its idle share overstates the unprofiled step's (`bench_trainer_gpu.py`
+    measures busy against the unprofiled wall)."""
     spans = kernel_spans(prof)
     if not spans:
         return
@@ -135,7 +137,7 @@ def print_kernel_sizes(prof: profile) -> None:
     span = max(end for _, end in spans) - spans[0][0]
     total = sum(b[1] for b in bins)
     print(
-        f"kernel span {span / 1e3:.1f} ms: device busy {busy / 1e3:.1f} ms ({busy / span:.1%}), "
+        f"kernel span (profiled) {span / 1e3:.1f} ms: device busy {busy / 1e3:.1f} ms ({busy / span:.1%}), "
         f"idle between kernels {(span - busy) / 1e3:.1f} ms"
     )
     labels = [f"< {SIZE_EDGES_US[0]} us"]
