@@ -27,6 +27,7 @@ from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
 from rlsys.kernels.host_to_device import index_arrays_on
+from rlsys.kernels.sorting import stable_argsort
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     load_keys,
@@ -365,24 +366,18 @@ def _invert_steps(
     n_keys = chunks["n"] * hkv
     chunk = chunks["chunk0"][tiles.seq[tile].long()] + step_ids.long() // per
     key = torch.where(used, chunk * hkv + g, n_keys)
-    # a radix sort makes one pass per key byte: int32 keys where they fit, not int64's 8
-    narrow = (n_keys + 1) * tiles.n_tiles < 2**31
-    order = _stable_order(key * tiles.n_tiles + tile, narrow)
+    bound = (n_keys + 1) * tiles.n_tiles  # sorted on the narrowest keys that hold it
+    order = stable_argsort(key * tiles.n_tiles + tile, bound)
     key, tile = key[order], tile[order]
     if per > 1:  # a tile's second and later visits of one chunk: past every real key
         repeat = torch.zeros_like(used)
         repeat[1:] = (key[1:] == key[:-1]) & (tile[1:] == tile[:-1])
         key = torch.where(repeat, n_keys, key)
-        order = _stable_order(key * tiles.n_tiles + tile, narrow)
+        order = stable_argsort(key * tiles.n_tiles + tile, bound)
         key, tile = key[order], tile[order]
     keys = torch.arange(n_keys + 1, device=dev)
     inv_off = torch.searchsorted(key, keys)  # first sorted slot of each key
     return inv_off.to(torch.int32), tile.to(torch.int32)
-
-
-def _stable_order(keys: Tensor, narrow: bool) -> Tensor:
-    """`argsort(keys, stable=True)`, the keys sorted as int32 when `narrow` (they fit)."""
-    return torch.argsort(keys.to(torch.int32) if narrow else keys, stable=True)
 
 
 def block_mass(

@@ -26,6 +26,7 @@ from rlsys import kernels
 from rlsys.config.model import ModelConfig
 from rlsys.kernels import fused
 from rlsys.kernels.dispatch import use_triton
+from rlsys.kernels.sorting import stable_argsort
 from rlsys.kernels.tp import RowParallel
 from rlsys.model.attention import init_weight
 from rlsys.model.aux import AuxLosses
@@ -255,7 +256,7 @@ class MoE(nn.Module):
         if use_triton(x):
             ys, inverse = self._sorted_experts(x, idx, counts)
             return ys.index_select(0, inverse).view(n, k, -1)
-        order = _stable_expert_order(idx, self.cfg.n_experts)
+        order = stable_argsort(idx.reshape(-1), self.cfg.n_experts)
         ys = self._per_expert(x[order // k], counts.tolist())
         return ys.new_zeros(n * k, ys.shape[-1]).index_copy(0, order, ys).view(n, k, -1)
 
@@ -264,7 +265,7 @@ class MoE(nn.Module):
         the inverse permutation (slot s = t * k + j of the routed rows is row `inverse[s]`)."""
         from rlsys.kernels.triton_ops.autograd import SortedRows
 
-        order = _stable_expert_order(idx, self.cfg.n_experts)
+        order = stable_argsort(idx.reshape(-1), self.cfg.n_experts)
         inverse = torch.empty_like(order).scatter_(
             0, order, torch.arange(order.shape[0], device=order.device)
         )
@@ -322,15 +323,6 @@ class MoE(nn.Module):
             delta = torch.sign(self.expert_load.mean() - self.expert_load)
             self.expert_bias += self.cfg.balance_bias_rate * delta
         self.expert_load.zero_()
-
-
-def _stable_expert_order(idx: Tensor, n_experts: int) -> Tensor:
-    """The routed slots (flat, t * k + j) sorted by expert, ties in slot order. With fewer
-    than 257 experts the ids sort as bytes: a radix sort makes one pass per key byte, so
-    int64 ids took eight (~11 kernels per MoE layer and micro-batch) where one decides; a
-    stable sort's order depends only on the keys' values."""
-    flat = idx.reshape(-1)
-    return torch.argsort(flat.to(torch.uint8) if n_experts <= 256 else flat, stable=True)
 
 
 def _expert_counts(idx: Tensor, n_experts: int) -> Tensor:
