@@ -1,7 +1,7 @@
 """Where the Sparse GQA indexer's time goes: block scores, top-k selection, union steps.
 
 Usage (GPU machine, repository root):
-    python benchmarks/bench_indexer.py [--lengths 32768,131072] [--reps 5]
+    python benchmarks/bench_indexer.py [--lengths 32768,131072] [--reps 5] [--bits-only]
     python benchmarks/bench_indexer.py --smoke     # tiny shapes, any machine (interpreter)
 
 The `deep-92` shape of `bench_attention.py` (4 KV groups, index dim 64, B = 8, k = 4,096
@@ -9,6 +9,8 @@ tokens = 512 blocks, query tile 16, clustered index queries). Per length: the wh
 indexer (`select_blocks` + `union_steps`) by device events, and each kernel's share of it
 from the profiler (GPU time per kernel name over one call), with the HBM floor of the
 score buffer this design writes and reads back (fp32, causal half). Prints a markdown table.
+`--bits-only` times the engine's call, which asks for the bitmap alone (the trainer's also
+writes the ids the indexer KL reads).
 
 A change to the selection must leave it bitwise the same: `--save FILE` in the tree before
 and `--compare FILE` in the tree after (same machine) check every length's ids and bitmaps.
@@ -39,6 +41,7 @@ from benchmarks.bench_attention import (  # noqa: E402
 )
 from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
+from rlsys.kernels.triton_ops import indexer  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import (  # noqa: E402
     Selection,
     select_blocks,
@@ -64,7 +67,7 @@ def kernel_ms(fn, dev: str) -> dict[str, float]:  # noqa: ANN001
 
 
 def measure(
-    length: int, topk: int, reps: int, dev: str, keep: bool
+    length: int, topk: int, reps: int, dev: str, keep: bool, ids: bool = True
 ) -> tuple[float, dict[str, float], tuple[torch.Tensor, torch.Tensor] | None]:
     """Indexer ms, ms per kernel, and (when `keep`) the selection's (ids, bits) on the host."""
     qi, bk = index_inputs(length, dev, random_sel=False)
@@ -72,15 +75,18 @@ def measure(
     bkt = PagedKV(kv.block_table // B, PAGE // B)
     tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
 
-    def select() -> Selection:
-        return select_blocks(qi, bk, tiles, bkt, topk_blocks=topk // B, block=B, precision="tf32")
+    def select(with_ids: bool = ids) -> Selection:
+        return select_blocks(
+            qi, bk, tiles, bkt, topk_blocks=topk // B, block=B, precision="tf32", ids=with_ids
+        )
 
     def indexer() -> object:
         return union_steps(select(), tiles, block=B, step=SPARSE_STEP)
 
     kept = None
     if keep:
-        sel = select()
+        sel = select(with_ids=True)
+        assert sel.ids is not None
         kept = (sel.ids.cpu(), sel.bits.cpu())
     return timed(indexer, reps), kernel_ms(indexer, dev), kept
 
@@ -93,19 +99,27 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
     parser.add_argument("--save", help="write each length's selection (ids, bits) to this file")
     parser.add_argument("--compare", help="check each selection bitwise against a --save file")
+    parser.add_argument("--bits-only", action="store_true", help="time the engine's call")
+    parser.add_argument("--per-thread", type=int, help="a top-k row's blocks per thread")
     args = parser.parse_args()
+    if args.per_thread:
+        indexer.SELECT_PER_THREAD = args.per_thread
     if args.smoke:
         args.lengths, args.topk, args.reps = "512", 128, 1
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(f"device: {name}; torch {torch.__version__}; k = {args.topk} tokens, B = {B}")
+    what = "bitmap only (the engine's call)" if args.bits_only else "ids and bitmap"
+    print(
+        f"device: {name}; torch {torch.__version__}; k = {args.topk} tokens, B = {B}; {what}; "
+        f"{indexer.SELECT_PER_THREAD} blocks per thread in the top-k"
+    )
     print(describe(device_peak()))
     print("\n| tokens | indexer ms | kernel | kernel ms | share | score-buffer HBM floor ms |")
     print("|---:|---:|---|---:|---:|---:|")
     selections: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     keep = bool(args.save or args.compare)
     for length in (int(x) for x in args.lengths.split(",")):
-        total, per, kept = measure(length, args.topk, args.reps, dev, keep)
+        total, per, kept = measure(length, args.topk, args.reps, dev, keep, not args.bits_only)
         if kept is not None:
             selections[length] = kept
         # the fp32 scores of every (query, group, past block), written once and read once

@@ -30,7 +30,8 @@
 #             _base`; it travels as untracked files); AB_TIMEOUT per tree
 #   ncu       Nsight Compute counters of one launch per target (benchmarks/ncu_targets.py:
 #             speed of light, occupancy, warp stalls; ncu-src-*.csv: the source page, Python
-#             lines and SASS with their counters; NCU_ARGS, e.g. --dkv-keys 64); NCU_TARGETS is a
+#             lines and SASS with their counters; NCU_ARGS, e.g. --dkv-keys 64; NCU_SKIP: the
+#             launches skipped, 1: 31 reaches the 128K top-k's last, widest chunk); NCU_TARGETS is a
 #             space list of target[:length[:head_dim]] (default: the 32K Sparse GQA prefill
 #             walk, the 128K top-k, the 32K dK/dV walk, a 64 x 4K decode walk)
 #   job       `rlsys run configs/gpu-2x.yaml` under local Ray (needs .whl/ray.tar.xz and the
@@ -147,7 +148,7 @@ for step in "$@"; do
         # the source page (the Triton kernel's Python lines and SASS, with their counters)
         rep="/tmp/ncu-$target-${length:-32768}"
         timeout "${NCU_TIMEOUT:-180}" "$ncu_bin" --clock-control none --kernel-name "regex:$regex" \
-          --launch-skip 1 --launch-count 1 --section SpeedOfLight --section Occupancy \
+          --launch-skip "${NCU_SKIP:-1}" --launch-count 1 --section SpeedOfLight --section Occupancy \
           --section LaunchStats --section WarpStateStats --section SchedulerStats \
           --section MemoryWorkloadAnalysis --section SourceCounters --import-source yes \
           -f -o "$rep" \

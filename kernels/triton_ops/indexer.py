@@ -12,9 +12,10 @@ Kernels:
 - `_topk_select`: one program per (query, group) row, scores held in registers (no sort,
   no copy): rows of up to `rank_max` blocks rank every block against all others at once;
   longer rows search the k-th largest order-preserving integer image of the fp32 scores
-  (`_kth_key`: interpolated probes, then halving; it stops at a probe that counts exactly
-  k). All select the same set. Emits the selected ids ascending (-1 padded) and a
-  bitmap (one bit per block) that the attention kernels test per row.
+  (`_kth_key`: probes interpolated in the counts' probit, then halving; it stops at a probe
+  that counts exactly k). All select the same set. Emits a bitmap (one bit per block) that
+  the attention kernels test per row and, where the indexer KL needs them, the selected ids
+  ascending (-1 padded).
 The union step lists (which aligned key steps a query tile must visit) are built here too,
 with torch sorting on small per-chunk tensors.
 """
@@ -35,6 +36,7 @@ SCORE_CHUNK_BYTES = 256 * 2**20  # score buffer per chunk of queries
 NBT = 64  # blocks per score program
 SYNC_FREE_IDS = 1 << 24  # union id buffers up to this size are allocated without a sync
 PREFIX_MAX = 4096  # (tile, group)s up to which the write pass sums the counts before it
+SELECT_PER_THREAD = 64  # a top-k row's blocks per thread (its warps: 4 to 32; 64 was 4-5% faster than 32 at 128K on an H100, 16 and 8 slower)
 
 
 @triton.jit
@@ -88,8 +90,10 @@ def _index_scores(
 
 @triton.jit
 def _count(m):
-    """How many entries of a (NW, 32) mask are set."""
-    return tl.sum(tl.sum(m.to(tl.int32), axis=1), axis=0)
+    """How many entries of a (NW, 32) mask are set: one flat sum (the order of an integer
+    sum is free), so a thread adds its own entries before any shuffle; summing a word's 32
+    bits first cost a shuffle tree per word."""
+    return tl.sum(tl.reshape(m.to(tl.int32), (m.shape[0] * m.shape[1],)), 0)
 
 
 @triton.jit
@@ -119,50 +123,77 @@ def _order_key(x):
 
 
 @triton.jit
-def _kth_key(key, valid, n_valid, KSEL: tl.constexpr, GUESSES: tl.constexpr):
-    """The k-th largest key of a row (k = KSEL < n_valid), and whether exactly KSEL keys are
-    >= it (no tie at the k-th key: the selection is then `key >= it` with no ranking).
+def _upper_z(c, n):
+    """The z with P(Z > z) = c / n for a standard normal Z (c clamped to [0.5, n - 0.5]): a
+    row's count above a value, as the value would sit in a normal row (Abramowitz-Stegun
+    26.2.23, on an approximate log). Only the search's guesses use it."""
+    p = tl.fdiv(tl.minimum(tl.maximum(c, 0.5), n - 0.5), n, ieee_rounding=False)
+    q = tl.minimum(p, 1.0 - p)
+    # log2 q read off its bits (exponent + mantissa - 1, within 0.09): a guess needs no more,
+    # and the exact log cost more per probe than the probes it saved
+    log2q = (q.to(tl.int32, bitcast=True) - 0x3F800000).to(tl.float32) * (1.0 / 8388608.0)
+    t = tl.sqrt(-1.3862943611198906 * log2q)  # -2 ln q
+    z = t - tl.fdiv(
+        2.515517 + t * (0.802853 + t * 0.010328),
+        1.0 + t * (1.432788 + t * (0.189269 + t * 0.001308)),
+        ieee_rounding=False,
+    )
+    return tl.where(p < 0.5, z, -z)
 
-    A search on a bracket [lo, hi): count(key >= lo) >= KSEL > count(key >= hi), from the
-    row's smallest key to one past its largest. The first GUESSES probes are regula falsi on
-    the fp32 values (Illinois: the stale end's count is halved toward KSEL), the rest halve
-    the key interval; any probe strictly inside keeps the bracket, so the result does not
-    depend on the guesses (they only decide how many counts it takes: ~9 for smooth score
-    rows against the 32 of a bit-by-bit bisection). It stops as soon as a probe counts
-    exactly KSEL, else when the bracket is one key wide (then lo is the k-th key, tied)."""
+
+@triton.jit
+def _kth_key(key, valid, n_valid, KSEL: tl.constexpr, GUESSES: tl.constexpr):
+    """Narrow a bracket [lo, hi) of keys around the row's k-th largest (k = KSEL < n_valid):
+    n_lo = count(key >= lo) >= KSEL > n_hi = count(key >= hi), from the row's smallest key
+    to one past its largest. Invalid entries hold the smallest int32: every probe is above
+    lo, so they are never counted.
+
+    The first GUESSES probes interpolate in the probit of the counts (a normal row's count
+    above v is n (1 - Phi((v - mu) / sigma)), so its probit is linear in v: ~3 counts for a
+    Gaussian row where counts interpolated linearly took ~10), with the Illinois rule (the
+    stale end moves halfway to the aim); the rest halve the key interval. Any probe strictly
+    inside keeps the bracket, so the result does not depend on the guesses: they only decide
+    how many counts it takes. Stops at a probe that counts exactly KSEL (`exact`: select
+    `key >= lo`), or when the bracket is one key wide (lo is the k-th key, tied: n_lo - n_hi
+    keys equal it, n_hi are above it)."""
     lo = tl.min(tl.where(valid, key, 0x7FFFFFFF)).to(tl.int64)
-    hi = tl.max(tl.where(valid, key, -0x7FFFFFFF - 1)).to(tl.int64) + 1
+    hi = tl.max(key).to(tl.int64) + 1
     v_lo = _value_of(lo)
     v_hi = _value_of(hi - 1)
-    c_lo = n_valid.to(tl.float32)
-    c_hi = tl.zeros([], tl.float32)
-    aim = KSEL - 0.5
+    n = n_valid.to(tl.float32)
+    n_lo = n_valid
+    n_hi = n_valid * 0
+    z_aim = _upper_z(KSEL - 0.5, n)
+    z_lo = _upper_z(n, n)
+    z_hi = _upper_z(0.0, n)
     side = 0
     probes = 0
     exact = 0
     while (exact == 0) & (hi - lo > 1):
         half = lo + (hi - lo) // 2
-        guess = v_lo + (v_hi - v_lo) * ((c_lo - aim) / (c_lo - c_hi))
+        guess = v_lo + (v_hi - v_lo) * tl.fdiv(z_aim - z_lo, z_hi - z_lo, ieee_rounding=False)
         probe = _order_key(guess).to(tl.int64)
         probe = tl.where((probes < GUESSES) & (probe > lo) & (probe < hi), probe, half)
-        c = _count((key >= probe.to(tl.int32)) & valid)
+        c = _count(key >= probe.to(tl.int32))
         probes += 1
         if c >= KSEL:
             exact = (c == KSEL).to(tl.int32)
             lo = probe
             v_lo = _value_of(probe)
-            c_lo = c.to(tl.float32)
+            n_lo = c
+            z_lo = _upper_z(c.to(tl.float32), n)
             if side == 1:
-                c_hi = aim - (aim - c_hi) * 0.5
+                z_hi = z_aim + (z_hi - z_aim) * 0.5
             side = 1
         else:
             hi = probe
             v_hi = _value_of(probe)
-            c_hi = c.to(tl.float32)
+            n_hi = c
+            z_hi = _upper_z(c.to(tl.float32), n)
             if side == -1:
-                c_lo = aim + (c_lo - aim) * 0.5
+                z_lo = z_aim + (z_lo - z_aim) * 0.5
             side = -1
-    return lo.to(tl.int32), exact
+    return lo.to(tl.int32), n_lo, n_hi, exact
 
 
 @triton.jit
@@ -172,10 +203,12 @@ def _topk_select(
     row_base,
     HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
     NBP: tl.constexpr, NW: tl.constexpr, NWO: tl.constexpr, BLK: tl.constexpr,
-    RANK_MAX: tl.constexpr, GUESSES: tl.constexpr,
+    RANK_MAX: tl.constexpr, GUESSES: tl.constexpr, WRITE_IDS: tl.constexpr,
 ):  # fmt: skip
     """NBP: the blocks this launch's rows can have (a power of two >= their largest past);
-    NWO >= NW = NBP / 32: the bitmap words of a row in BITS (the words past NW are 0)."""
+    NWO >= NW = NBP / 32: the bitmap words of a row in BITS (the words past NW are 0).
+    WRITE_IDS: also the ids (the indexer KL's input); the attention reads only the bitmap,
+    and the ids' scattered stores were a tenth of this kernel's instructions."""
     local = tl.program_id(0).to(tl.int64)
     row = row_base * HKV + local
     npast = tl.load(QPOS + row // HKV) // BLK
@@ -184,8 +217,11 @@ def _topk_select(
     bit = tl.arange(0, 32)[None, :]
     b = tl.arange(0, NW)[:, None] * 32 + bit
     valid = b < npast
-    x = tl.load(S + local * s_stride_r + b, mask=valid, other=0.0)
-    key = tl.where(valid, _order_key(x), tl.zeros_like(b))
+    # loaded in whole 4-entry vectors (the mask is constant over each; the row is NBP >= 32
+    # wide, so they stay inside it): a per-entry mask split every load into four
+    x = tl.load(S + local * s_stride_r + b, mask=b < (npast + 3) // 4 * 4, other=0.0)
+    # invalid entries take the smallest key: below every probe, so counts need no mask
+    key = tl.where(valid, _order_key(x), tl.full(b.shape, -0x7FFFFFFF - 1, tl.int32))
     if npast <= KSEL:
         sel = valid
     elif NBP <= RANK_MAX:
@@ -199,25 +235,27 @@ def _topk_select(
         rank = tl.sum((beats & flat_valid[None, :]).to(tl.int32), axis=1)
         sel = tl.reshape(flat_valid & (rank < KSEL), (NW, 32))
     else:
-        # long rows: search the k-th largest key, then take ties by lower id
-        tau, exact = _kth_key(key, valid, tl.minimum(npast, NBP), KSEL, GUESSES)
+        # long rows: narrow a bracket on the k-th largest key, then take ties by lower id
+        tau, n_lo, n_hi, exact = _kth_key(key, valid, tl.minimum(npast, NBP), KSEL, GUESSES)
         if exact == 1:  # exactly KSEL keys >= tau: nothing tied at the boundary
             sel = valid & (key >= tau)
-        else:
-            above = valid & (key > tau)
-            tied = valid & (key == tau)
-            need = KSEL - _count(above)
-            if _count(tied) > need:  # rare (equal scores): rank the ties, lower id first
-                sel = above | (tied & (_inclusive_rank(tied) <= need))
+        else:  # tau is the k-th key: n_hi keys above it, n_lo - n_hi equal to it
+            need = KSEL - n_hi
+            if n_lo - n_hi > need:  # rare (equal scores): rank the ties, lower id first
+                tied = valid & (key == tau)
+                sel = (valid & (key > tau)) | (tied & (_inclusive_rank(tied) <= need))
             else:
-                sel = above | tied
-    slot = _inclusive_rank(sel) - 1
-    tl.store(IDS + row * ids_stride_r + slot, b, mask=sel)
-    n_sel = _count(sel)
-    j = tl.arange(0, KSELP)
-    tl.store(
-        IDS + row * ids_stride_r + j, tl.full([KSELP], -1, tl.int32), mask=(j >= n_sel) & (j < KSEL)
-    )
+                sel = valid & (key >= tau)
+    if WRITE_IDS:
+        slot = _inclusive_rank(sel) - 1
+        tl.store(IDS + row * ids_stride_r + slot, b, mask=sel)
+        n_sel = _count(sel)
+        j = tl.arange(0, KSELP)
+        tl.store(
+            IDS + row * ids_stride_r + j,
+            tl.full([KSELP], -1, tl.int32),
+            mask=(j >= n_sel) & (j < KSEL),
+        )
     packed = tl.sum(sel.to(tl.uint32) << bit.to(tl.uint32), axis=1).to(tl.int32, bitcast=True)
     tl.store(BITS + row * bits_stride_r + tl.arange(0, NW), packed)
     if NWO > NW:
@@ -229,7 +267,7 @@ def _topk_select(
 class Selection:
     """The indexer's decision for every query row of a call, per KV group."""
 
-    ids: Tensor  # (N, Hkv, KSEL) int32, ascending, -1 padded
+    ids: Tensor | None  # (N, Hkv, KSEL) int32, ascending, -1 padded; None: not asked for
     bits: Tensor  # (N, Hkv, NW) int32 bitmap over blocks
     scores: Tensor | None = None  # not kept: recomputed where a loss needs them
 
@@ -245,6 +283,7 @@ def select_blocks(
     rank_max: int = 128,
     precision: str = "ieee",
     guesses: int = 24,
+    ids: bool = True,
 ) -> Selection:
     """Top-`topk_blocks` complete past blocks per (query row, group).
 
@@ -253,7 +292,9 @@ def select_blocks(
     `precision`: "ieee" (exact fp32 products) or "tf32" (tensor cores; what bf16 models use
     on the GPU: both engine and trainer, so the selection is still one function).
     `guesses`: interpolated probes of the k-th-key search before it only halves (0: a plain
-    bisection; the selection is the same for any value, only its cost changes).
+    bisection; the selection is the same for any value, only its cost changes). `ids`:
+    also the selected ids (the indexer KL's input); without, only the bitmap (what the
+    attention reads).
     """
     check_device(qi, block_keys)
     n, hkv, idx = qi.shape
@@ -261,10 +302,12 @@ def select_blocks(
     max_pos = tiles.max_pos
     nbp = next_pow2(max_pos // block, at_least=32)
     nw = nbp // 32
-    ids = torch.empty(n, hkv, topk_blocks, dtype=torch.int32, device=dev)
-    bits = torch.empty(n, hkv, nw, dtype=torch.int32, device=dev)
+    out = Selection(
+        torch.empty(n, hkv, topk_blocks, dtype=torch.int32, device=dev) if ids else None,
+        torch.empty(n, hkv, nw, dtype=torch.int32, device=dev),
+    )
     if n == 0:
-        return Selection(ids, bits)
+        return out
     rows_per_chunk = max(1, SCORE_CHUNK_BYTES // (hkv * nbp * 4))
     for r0, r1, t0, t1 in _row_chunks(tiles.host_row, tiles.host_rows, rows_per_chunk):
         # Only as wide as this chunk's own queries reach (host positions where the plan has
@@ -283,9 +326,8 @@ def select_blocks(
             HKV=hkv, T=tiles.T, IDX=idx, IDXP=next_pow2(idx), NBT=NBT,
             BPP=bk_table.page_size, BLK=block, UPCAST=interpreting(), PRECISION=precision,
         )  # fmt: skip
-        _rank_rows(scores, Selection(ids, bits), tiles.q_pos, r0, hkv, topk_blocks, block,
-                   rank_max, guesses)  # fmt: skip
-    return Selection(ids, bits)
+        _rank_rows(scores, out, tiles.q_pos, r0, hkv, topk_blocks, block, rank_max, guesses)
+    return out
 
 
 def _rank_rows(
@@ -294,18 +336,25 @@ def _rank_rows(
 ) -> None:  # fmt: skip
     """`_topk_select` over every row of one score buffer (a power of two wide) into `out`."""
     nbp = scores.shape[1]
+    ids = out.bits if out.ids is None else out.ids  # not written without ids
     _topk_select[(scores.shape[0],)](
-        scores, out.ids, out.bits, q_pos,
-        scores.stride(0), out.ids.stride(1), out.bits.stride(1),
+        scores, ids, out.bits, q_pos,
+        scores.stride(0), ids.stride(1), out.bits.stride(1),
         row_base,
         HKV=hkv, KSEL=topk, KSELP=next_pow2(topk), NBP=nbp, NW=nbp // 32,
         NWO=out.bits.shape[-1], BLK=block, RANK_MAX=rank_max, GUESSES=guesses,
-        num_warps=max(4, min(16, nbp // 1024)),
+        WRITE_IDS=out.ids is not None,
+        num_warps=max(4, min(32, nbp // (32 * SELECT_PER_THREAD))),
     )  # fmt: skip
 
 
 def select_from_scores(
-    scores: Tensor, n_past: Tensor, *, topk_blocks: int, rank_max: int = 128, guesses: int = 24
+    scores: Tensor,
+    n_past: Tensor,
+    *,
+    topk_blocks: int,
+    rank_max: int = 128,
+    guesses: int = 24,
 ) -> Selection:
     """The selection `select_blocks` makes, from given score rows: row r's blocks are
     scores[r, :n_past[r]] (the rest is not read). Runs the same `_topk_select` (with one

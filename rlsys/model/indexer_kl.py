@@ -159,5 +159,7 @@ def indexer_kl(
             plan.append((seq, r0, r1, start, min(size, max((r1 - row - 1) // block, 1))))
     if not plan:
         return qi.new_zeros(())
+    if sel.ids is None:
+        raise ValueError("the indexer KL needs the selection's ids: select_blocks(ids=True)")
     sums, counts = IndexerKL.apply(qi, bk, sel.ids, mass, plan, len(sizes), dot_precision(dtype))
     return torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).sum()

@@ -94,7 +94,7 @@ def sparse_attention_fused(
         _merge_block_keys(pool.index_keys[layer], bk_pool, paged, b)
     sel = select_blocks(
         qi, bk_pool, kv.tiles, paged.bk, topk_blocks=cfg.sparse_selected_blocks, block=b,
-        precision=dot_precision(q.dtype),
+        precision=dot_precision(q.dtype), ids=False,  # the attention reads only the bitmap
     )  # fmt: skip
     step_off, step_ids = union_steps(sel, kv.tiles, block=b, step=kv.geo.sparse_step)
     shape = AttentionShape(
@@ -147,6 +147,7 @@ def sparse_attention(
         topk_blocks=ksel,
         block=b,
         precision=dot_precision(q.dtype),  # tf32 index scores for bf16 models, both sides
+        ids=want_kl and kv.packed is not None,  # only the indexer KL reads the ids
     )
     step_off, step_ids = union_steps(sel, kv.tiles, block=b, step=kv.geo.sparse_step)
     shape = AttentionShape(

@@ -114,6 +114,12 @@ def test_indexer_selects_the_top_scoring_past_blocks(rank_max: int, ties: bool) 
         qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max
     )
     _assert_reference_selection(case, qi, spans, sel)
+    # the engine's call (no ids: only the bitmap the attention reads) sets the same bits
+    bits_only = select_blocks(
+        qi, case.block_keys, tiles, case.bk, topk_blocks=KSEL, block=BLK, rank_max=rank_max,
+        ids=False,
+    )  # fmt: skip
+    assert bits_only.ids is None and torch.equal(bits_only.bits, sel.bits)
 
 
 def _assert_reference_selection(case, qi, spans, sel) -> None:  # noqa: ANN001
