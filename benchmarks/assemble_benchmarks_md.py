@@ -63,6 +63,7 @@ ORDER = [
     "gpu_graphed_trainer",
     "gpu_backward_fusions",
     "gpu_step_tail",
+    "gpu_indexer_probit",
     "ci_time",
 ]
 
