@@ -30,6 +30,7 @@ class EngineReplica:
     def __init__(self, replica_id: str, cfg: JobConfig) -> None:
         import torch
 
+        from rlsys.engine import gc_steps
         from rlsys.engine.backends import build_engine, engine_config
         from rlsys.engine.gc_freeze import freeze_startup_objects
         from rlsys.engine.sync_group import GroupMember
@@ -45,8 +46,10 @@ class EngineReplica:
         self.model_cfg = cfg.model.resolve()
         self.sync = GroupMember()
         self.plan: BucketPlan | None = None  # the weight-broadcast bucket plan, once needed
-        # this process owns its engine for life: full collections skip the start-up's objects
+        # this process owns its engine for life: full collections skip the start-up's objects,
+        # and run at the scheduler's step boundaries, never inside a step (`gc_steps`)
         freeze_startup_objects()
+        gc_steps.take_over()
 
     def ready(self) -> str:
         return self.replica_id

@@ -33,7 +33,10 @@ the steps that capture a graph fill the profile). Every row also gives the timed
 which a garbage collection ran and the longest such pause (and the slowest step's):
 the start-up's objects are frozen first, as the engine replica process does
 (`rlsys.engine.gc_freeze`; `--no-gc-freeze` leaves them, as runs before 2026-12-04's
-twelfth session did).
+twelfth session did), and collections run after a step, at most a young or a middle one
+while the batch is busy (`rlsys.engine.gc_steps`, what the replica does since the
+twenty-fourth session; `--no-gc-steps`: the interpreter's own thresholds, inside steps);
+a step's time includes the collection after it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from benchmarks.kernel_count import count_launches  # noqa: E402
 from rlsys.config.engine import EngineConfig  # noqa: E402
 from rlsys.config.model import ModelConfig, preset  # noqa: E402
 from rlsys.config.sampling import SamplingConfig  # noqa: E402
+from rlsys.engine import gc_steps  # noqa: E402
 from rlsys.engine.api import GenerationRequest  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.gc_freeze import freeze_startup_objects  # noqa: E402
@@ -223,6 +227,7 @@ def run(
         paused_before = pauses.total()
         t0 = time.perf_counter()
         core.step()
+        gc_steps.after_step(idle=not core.has_work())  # the replica's scheduler loop does
         if timed:
             host.disable()
         if not prefilling and first_decode:  # compiles / captures: not timed
@@ -318,6 +323,13 @@ def main() -> None:
         help="gc.freeze() once the runner is built, as the engine replica does at start-up "
         "(the default since the twelfth session; --no-gc-freeze for the bare core)",
     )
+    parser.add_argument(
+        "--gc-steps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="collections after a step, never inside one, as the replica does "
+        "(rlsys.engine.gc_steps; --no-gc-steps: the interpreter's thresholds)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -375,6 +387,8 @@ def measure(  # noqa: PLR0913
         captured = getattr(runner, "graphs", None)
         if args.gc_freeze:
             freeze_startup_objects()
+        if args.gc_steps:
+            gc_steps.take_over()
         host = cProfile.Profile() if args.host_profile else None
         try:
             r = run(model, batch, prompt, runner, ecfg, args.gen, args.count and graphs, host)
@@ -383,6 +397,7 @@ def measure(  # noqa: PLR0913
             else:
                 capture = "-"
         finally:
+            gc_steps.give_back()
             runner.close()
             del runner, captured
             # a frozen runner held in reference cycles is never collected: the next row's

@@ -22,7 +22,12 @@ collector's walks before the first step, as the replica does at start-up (`rlsys
 (slow; `--batch 64 --steps 8` checks that both modes agree).
 
 Prints, per round of `--steps` steps, the median (and mean, which counts the garbage
-collector's pauses and the route logs' folds) host milliseconds per step and per sequence; with `--breakdown`, one more round with wrappers on the host functions (their
+collector's pauses and the route logs' folds) host milliseconds per step and per sequence,
+and the collections that ran in timed steps by generation (count, longest ms). With
+`--gc-steps` (what the replica does since the twenty-fourth session) collections run after
+a step, as the scheduler loop runs them (`rlsys.engine.gc_steps`), and a step's time
+includes them; without, the interpreter's thresholds put them inside steps. With
+`--breakdown`, one more round with wrappers on the host functions (their
 inclusive time, device work taken out; the wrappers' own cost inflates it); with
 `--profile N`, one more round under cProfile: the N functions with the most self time.
 
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import gc
 import os
 import pstats
 import statistics
@@ -53,9 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.engine_gc_pauses import Pauses  # noqa: E402
 from rlsys.config.engine import EngineConfig  # noqa: E402
 from rlsys.config.model import preset  # noqa: E402
 from rlsys.config.sampling import SamplingConfig  # noqa: E402
+from rlsys.engine import gc_steps  # noqa: E402
 from rlsys.engine.api import GenerationRequest  # noqa: E402
 from rlsys.engine.core import EngineCore  # noqa: E402
 from rlsys.engine.decode_graphs import DecodeGraphs  # noqa: E402
@@ -159,12 +167,14 @@ def loaded_graph_core(batch: int, prompt_len: int, gen: int) -> EngineCore:
 
 
 def steady_host_ms(core: EngineCore, device: DeviceWork, steps: int, batch: int) -> list[float]:
-    """Host milliseconds of each of `steps` steady decode steps."""
+    """Host milliseconds of each of `steps` steady decode steps (with the collections
+    `gc_steps` runs after each, when it took over)."""
     out = []
     for _ in range(steps):
         assert core._in_flight is not None and len(core.running) == batch, "raise the budget"
         device0, t0 = device.spent, time.perf_counter()
         core.step()
+        gc_steps.after_step(idle=not core.has_work())
         out.append(1000 * (time.perf_counter() - t0 - (device.spent - device0)))
     return out
 
@@ -226,6 +236,7 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--layout-contexts", default="")
     parser.add_argument("--profile", type=int, default=0, help="top functions of one round")
+    parser.add_argument("--gc-steps", action="store_true", help="collect after steps")
     args = parser.parse_args()
     if args.layout_contexts:
         torch.set_num_threads(1)
@@ -239,10 +250,14 @@ def main() -> None:
     rounds = args.rounds + (1 if args.breakdown else 0) + (1 if args.profile else 0)
     core = loaded_graph_core(args.batch, args.prompt, 2 + rounds * args.steps + 4)
     freeze_startup_objects()  # as the replica does once it is built (`gc_freeze`)
+    if args.gc_steps:
+        gc_steps.take_over()
     device.armed = True  # the first decode step's outputs are the ones replayed
     while core._in_flight is None or len(core.running) != args.batch:
         core.step()  # prefill, first tokens: until one decode step is queued ahead
     medians, means = [], []
+    pauses = Pauses()
+    gc.callbacks.append(pauses)
     for r in range(args.rounds):
         ms = steady_host_ms(core, device, args.steps, args.batch)
         medians.append(statistics.median(ms))
@@ -253,9 +268,15 @@ def main() -> None:
             f"{max(ms):.2f}), {1000 * medians[-1] / args.batch:.1f} us per sequence "
             f"({args.device_work} device work)"
         )
+    gc.callbacks.remove(pauses)
     print(
         f"host ms per step, the rounds' medians: {', '.join(f'{m:.2f}' for m in medians)}; "
-        f"means: {', '.join(f'{m:.2f}' for m in means)}"
+        f"means: {', '.join(f'{m:.2f}' for m in means)}; collections in timed steps "
+        f"({'after steps' if args.gc_steps else 'automatic'}): "
+        + ", ".join(
+            f"gen {g} x{len(ps)} (longest {1000 * max(ps, default=0):.2f} ms)"
+            for g, ps in pauses.by_gen.items()
+        )
     )
     if args.profile:
         print_profile(core, device, args.steps, args.batch, args.profile)

@@ -9,7 +9,8 @@ queued command between two engine steps, never during one (docs/ARCHITECTURE.md,
 Invariants: a command is accepted only while the queue is open (`submit` raises once it is
 closed); accepted commands run in the order they were accepted, each exactly once: on the
 scheduler thread, or, for those it never took, in `close` once that thread has stopped, so
-a caller waiting on an accepted command is always answered.
+a caller waiting on an accepted command is always answered. Garbage collections of a
+process that owns its engine run after a step, never inside one (`gc_steps`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
+
+from rlsys.engine import gc_steps
 
 T = TypeVar("T")
 
@@ -53,7 +56,8 @@ class CommandQueue:
 
     def serve(self, has_work: Callable[[], bool], step: Callable[[], None]) -> None:
         """The scheduler thread's loop, until `close`: sleep while there is neither a
-        command nor work; run the queued commands; then one `step` if there is work."""
+        command nor work; run the queued commands; then one `step` if there is work, and
+        the collections `gc_steps` asks for after it (none unless the process took over)."""
         while True:
             with self._wake:
                 while not self._commands and not has_work() and not self._closed:
@@ -65,6 +69,7 @@ class CommandQueue:
                 command()
             if has_work():
                 step()
+                gc_steps.after_step(idle=not has_work())
 
     def close(self, loop: threading.Thread) -> bool:
         """Stop accepting, wait for `loop` (the thread running `serve`) to return, then run
