@@ -64,6 +64,7 @@ ORDER = [
     "gpu_backward_fusions",
     "gpu_step_tail",
     "gpu_indexer_probit",
+    "engine_gc_steps",
     "ci_time",
 ]
 

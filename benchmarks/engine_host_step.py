@@ -18,7 +18,8 @@ interpreter here) is never counted. `--device-work replayed` (default): the firs
 step's outputs are returned again by every later one instead of re-running the
 interpreter (a minute per step at batch 256); the host's work is the same for any values
 (every request keeps decoding). The start-up's objects are frozen out of the garbage
-collector's walks before the first step, as the replica does at start-up (`rlsys.engine.gc_freeze`). `--device-work real` re-runs it and takes its time out
+collector's walks before the first step, as the replica does at start-up
+(`rlsys.engine.gc_freeze`). `--device-work real` re-runs it and takes its time out
 (slow; `--batch 64 --steps 8` checks that both modes agree).
 
 Prints, per round of `--steps` steps, the median (and mean, which counts the garbage
@@ -254,7 +255,10 @@ def main() -> None:
         gc_steps.take_over()
     device.armed = True  # the first decode step's outputs are the ones replayed
     while core._in_flight is None or len(core.running) != args.batch:
+        if len(core.running) + len(core.waiting) < args.batch:  # it would spin for ever
+            raise SystemExit("a request ended before the batch decoded together; run again")
         core.step()  # prefill, first tokens: until one decode step is queued ahead
+        gc_steps.after_step(idle=not core.has_work())  # as the scheduler loop collects
     medians, means = [], []
     pauses = Pauses()
     gc.callbacks.append(pauses)
