@@ -36,7 +36,9 @@ SCORE_CHUNK_BYTES = 256 * 2**20  # score buffer per chunk of queries
 NBT = 64  # blocks per score program
 SYNC_FREE_IDS = 1 << 24  # union id buffers up to this size are allocated without a sync
 PREFIX_MAX = 4096  # (tile, group)s up to which the write pass sums the counts before it
-SELECT_PER_THREAD = 64  # a top-k row's blocks per thread (its warps: 4 to 32; 64 was 4-5% faster than 32 at 128K on an H100, 16 and 8 slower)
+# a top-k row's blocks per thread (its warps: 4 to 32): 64 was 4-5% faster than 32 at 128K
+# on an H100, 16 and 8 slower, 128 no better
+SELECT_PER_THREAD = 64
 
 
 @triton.jit
@@ -149,8 +151,9 @@ def _kth_key(key, valid, n_valid, KSEL: tl.constexpr, GUESSES: tl.constexpr):
     lo, so they are never counted.
 
     The first GUESSES probes interpolate in the probit of the counts (a normal row's count
-    above v is n (1 - Phi((v - mu) / sigma)), so its probit is linear in v: ~3 counts for a
-    Gaussian row where counts interpolated linearly took ~10), with the Illinois rule (the
+    above v is n (1 - Phi((v - mu) / sigma)), so its probit is linear in v: 6.8 counts per
+    row of the bench's 128K prefill where counts interpolated linearly took 10.2,
+    `benchmarks/indexer_search_counts.py`), with the Illinois rule (the
     stale end moves halfway to the aim); the rest halve the key interval. Any probe strictly
     inside keeps the bracket, so the result does not depend on the guesses: they only decide
     how many counts it takes. Stops at a probe that counts exactly KSEL (`exact`: select

@@ -56,8 +56,8 @@ class CommandQueue:
 
     def serve(self, has_work: Callable[[], bool], step: Callable[[], None]) -> None:
         """The scheduler thread's loop, until `close`: sleep while there is neither a
-        command nor work; run the queued commands; then one `step` if there is work, and
-        the collections `gc_steps` asks for after it (none unless the process took over)."""
+        command nor work; run the queued commands; then one `step` if there is work; then
+        the collections `gc_steps` asks for (none unless the process took over)."""
         while True:
             with self._wake:
                 while not self._commands and not has_work() and not self._closed:
@@ -69,7 +69,8 @@ class CommandQueue:
                 command()
             if has_work():
                 step()
-                gc_steps.after_step(idle=not has_work())
+            # also after commands alone: an idle engine's callers allocate too
+            gc_steps.after_step(idle=not has_work())
 
     def close(self, loop: threading.Thread) -> bool:
         """Stop accepting, wait for `loop` (the thread running `serve`) to return, then run

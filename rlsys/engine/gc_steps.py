@@ -14,9 +14,11 @@ step just queued runs on the device:
 - the youngest generation when more than `young` tracked objects were allocated since its
   last collection (the interpreter's own threshold, 700, moved to a chosen moment);
 - generation 1 at every `middle`-th young collection (the interpreter's ratio, 10);
-- the oldest only when the engine has no work left, or once `full_every` generation-1
-  collections passed without one while it stayed busy (a bound on what uncollected cycles
-  can hold; the interpreter's own rule would run it inside a busy stretch).
+- the oldest only when the engine has no work left (after a busy stretch, or while it
+  idles and commands allocate past `young`: the loop asks after each command batch too),
+  or once `full_every` generation-1 collections passed without one while it stayed busy (a
+  bound on what uncollected cycles can hold; the interpreter's own rule would run it
+  inside a busy stretch).
 
 Invariants: every reference cycle is still collected, at the latest when the engine idles
 or after `full_every` middle collections; reference counting frees everything else at
@@ -55,8 +57,8 @@ class _StepCollector:
             return None
         with self.lock:  # one collection at a time, if two engines share the process
             young = gc.get_count()[0]
-            if idle:
-                if young or self.young_runs or self.middle_runs:
+            if idle:  # after a busy stretch, or past the young threshold while idle
+                if young > policy.young or self.young_runs or self.middle_runs:
                     gc.collect(2)
                     self.young_runs = self.middle_runs = 0
                     return 2
