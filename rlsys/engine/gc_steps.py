@@ -42,6 +42,12 @@ class CollectionPolicy:
     middle: int = 10
     full_every: int = 100
 
+    def __post_init__(self) -> None:
+        if self.young < 0 or self.middle < 1 or self.full_every < 1:
+            raise ValueError(
+                f"collection policy needs young >= 0, middle >= 1, full_every >= 1: {self}"
+            )
+
 
 class _StepCollector:
     def __init__(self) -> None:
@@ -101,10 +107,6 @@ def give_back() -> None:
         _COLLECTOR.policy = None
         if _COLLECTOR.was_enabled:
             gc.enable()
-
-
-def taken_over() -> bool:
-    return _COLLECTOR.policy is not None
 
 
 def after_step(idle: bool) -> int | None:

@@ -13,6 +13,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from rlsys.engine.gc_steps import CollectionPolicy
+
 CHILD = textwrap.dedent(
     """
     import gc, sys, threading, time, weakref
@@ -93,3 +97,8 @@ def test_without_take_over_collections_land_inside_steps() -> None:
     done = _child("automatic")
     assert done.returncode != 0
     assert "collections inside a step" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_policy_out_of_range_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="middle >= 1"):
+        CollectionPolicy(middle=0)
