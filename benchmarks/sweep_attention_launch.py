@@ -15,6 +15,11 @@ k=4096 over the clustered selection of `bench_attention.py`; SWA window 512):
 The forward's options are shared by engine and trainer (its bits follow the program's
 layout), so a change there is a change of the model's numerics for both; the backward's
 and the block mass's options change no value. Prints one markdown table.
+
+A row's note also says whether the prefill forward's output (Sparse GQA and SWA) equals,
+bit for bit, the first tile's under the same launch options: the walk's invariance argument
+says a row's bits do not depend on the other rows of its program, so they should not depend
+on T either; if they do not, prefill and decode may use different tiles.
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_attention import index_inputs, timed  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
 from rlsys.kernels.triton_ops import attention_bwd, attention_fwd  # noqa: E402
+from rlsys.kernels.triton_ops.common import for_rows  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
 
-H, HKV, D, B, W = 16, 4, 128, 8, 512
+H, HKV, B, W = 16, 4, 8, 512
+D = 128  # `--head-dim` sets it
 PAGE, SPARSE_STEP, SWA_STEP = 64, 16, 32
 
 
@@ -63,6 +70,9 @@ def launching(module: ModuleType, name: str, cfg: dict[str, int]) -> Iterator[No
 def row(
     t: int, kernel: str, cfg: dict[str, int], sparse_ms: float, swa_ms: float, note: str
 ) -> None:
+    """One table row; the warps are those launched (`for_rows` scales the swept launch,
+    set for the decode tile's rows, to the tile's)."""
+    cfg = for_rows(cfg, t * (H // HKV))
     print(
         f"| {t} | {kernel} | {cfg['num_warps']} | {cfg['num_stages']} | {sparse_ms:.2f} "
         f"| {swa_ms:.2f} | {note} |",
@@ -70,7 +80,7 @@ def row(
     )
 
 
-def sweep_tile(t: int, args: argparse.Namespace, dev: str) -> None:
+def sweep_tile(t: int, args: argparse.Namespace, dev: str, first_tile: dict) -> None:
     length, ksel = args.length, args.topk // B
     gen = torch.Generator(device="cpu").manual_seed(0)
 
@@ -98,6 +108,7 @@ def sweep_tile(t: int, args: argparse.Namespace, dev: str) -> None:
                     first_out, bits = out_sp, "base"
                 else:
                     bits = "same bits" if torch.equal(out_sp, first_out) else "other bits"
+                bits += across_tiles(first_tile, cfg, t, (out_sp, sw_out(q, k, v, tiles, kv, W)))
                 sp_ms = timed(
                     lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse), args.reps
                 )
@@ -140,6 +151,25 @@ def sweep_tile(t: int, args: argparse.Namespace, dev: str) -> None:
                 row(t, kernel, cfg, float("nan"), float("nan"), type(exc).__name__)
 
 
+def sw_out(q, k, v, tiles, kv, window: int) -> torch.Tensor:  # noqa: ANN001
+    """The SWA prefill's output (for the bitwise comparison across tiles)."""
+    return attention_fwd.attention_forward(
+        q, k, v, tiles, kv, scale=1 / math.sqrt(D), step=SWA_STEP, window=window
+    )[0]
+
+
+def across_tiles(first: dict, cfg: dict[str, int], t: int, outs: tuple) -> str:
+    """'' for the first configuration swept; else whether Sparse GQA's and SWA's prefill
+    outputs equal its outputs (the first tile's, first launch options), bit for bit."""
+    if not first:
+        first.update(tile=t, launch=cfg, outs=outs)
+        return ""
+    ref = first["outs"]
+    same = ["same" if torch.equal(a, b) else "OTHER" for a, b in zip(outs, ref, strict=True)]
+    w = first["launch"]["num_warps"]
+    return f"; vs T={first['tile']} {w} warps: Sparse {same[0]}, SWA {same[1]}"
+
+
 def decode_inputs(t: int, args: argparse.Namespace, dev: str) -> dict:
     """One decode step's attention (Sparse GQA with its selection, and SWA) as closures."""
     batch, ctx, ksel = args.batch, args.context, args.topk // B
@@ -170,7 +200,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--length", type=int, default=32768)
     p.add_argument("--tiles", default="16,32")
-    p.add_argument("--warps", default="4,8")
+    p.add_argument(
+        "--warps", default="4,8", help="warps per 64 tile rows, forward and backward (comma list)"
+    )
     p.add_argument("--mass-warps", default="2,4")
     p.add_argument("--fwd-stages", default="2,3")
     p.add_argument("--stages", default="3", help="stages of the backward and block mass")
@@ -178,19 +210,26 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64, help="decode batch")
     p.add_argument("--context", type=int, default=32768, help="decode context")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
     args = p.parse_args()
+    global D
+    D = args.head_dim
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.length, args.topk, args.batch, args.context, args.reps = 256, 64, 2, 256, 1
         args.warps, args.fwd_stages, args.stages, args.mass_warps = "4", "3", "3", "2"
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(f"device: {name}; torch {torch.__version__}; one sequence of {args.length} tokens")
+    print(
+        f"device: {name}; torch {torch.__version__}; one sequence of {args.length} tokens; "
+        f"head dim {D}"
+    )
     print("\n| T | kernel | warps | stages | Sparse GQA ms | SWA ms | note |")
     print("|---:|---|---:|---:|---:|---:|---|")
+    first_tile: dict = {}
     for t in (int(x) for x in args.tiles.split(",")):
-        sweep_tile(t, args, dev)
+        sweep_tile(t, args, dev, first_tile)
 
 
 if __name__ == "__main__":
