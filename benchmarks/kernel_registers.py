@@ -4,7 +4,7 @@ for sm_90 on this machine (no GPU needed: `kernels/triton_ops/offline.py`).
 Usage: python benchmarks/kernel_registers.py [--head-dims 64,128] [--arch 90]
 
 Each kernel at `large`'s attention geometry (4 heads per KV group, 16-slot query tiles and
-the 32-slot prefill tile,
+the 32-slot candidate prefill tile,
 bf16 on tensor cores; Sparse GQA 16-key steps, SWA 32-key steps) under the launch options
 the project gives it (`forward_launch` for the forward walks, `DQ_LAUNCH` / `DKV_LAUNCH` for
 the backward). Programs per SM is 65,536 registers / (threads x registers), the limit the
@@ -83,10 +83,10 @@ def geometry(d: int, sparse: bool) -> dict[str, object]:
 def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
     """(label, module:kernel, extra constexprs, launch) of every kernel in the table."""
     chunks = chunk_constants(256)
-    # the prefill tile's programs (`KernelGeometry.prefill_tile`): twice the rows, warps in
-    # proportion (`for_rows`)
+    # the candidate prefill tile's programs (`kv_layout.PREFILL_MMA_ROWS`, whatever its
+    # default): twice the decode tile's rows, warps in proportion (`for_rows`)
     cfg = preset("large")
-    wide = kernel_geometry(cfg).prefill_tile
+    wide = 2 * kernel_geometry(cfg).query_tile
     wide_rows = wide * cfg.n_heads // cfg.n_kv_groups
     # the decode part walk as a plain decode step launches it: one warp's 16 rows
     one_warp_slots = MMA_WARP_ROWS // int(geometry(d, True)["G"])  # type: ignore[call-overload]
