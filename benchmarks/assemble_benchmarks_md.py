@@ -65,6 +65,7 @@ ORDER = [
     "gpu_step_tail",
     "gpu_indexer_probit",
     "engine_gc_steps",
+    "prefill_tile",
     "ci_time",
 ]
 
