@@ -42,11 +42,10 @@ from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
 from rlsys.kernels.triton_ops.attention import AttentionShape, packed_attention  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import attention_forward  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
-from rlsys.model.kv_layout import PREFILL_MMA_ROWS  # noqa: E402
 
 H, HKV, D, B, IDX, W = 16, 4, 128, 8, 64, 512
 T, PAGE, SPARSE_STEP, SWA_STEP = 16, 64, 16, 32
-PREFILL_T = PREFILL_MMA_ROWS // (H // HKV)  # the model's prefill tile at this shape
+PREFILL_T = T  # the prefill's query tile (the model's is the decode tile's: one geometry)
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:

@@ -3,8 +3,7 @@ for sm_90 on this machine (no GPU needed: `kernels/triton_ops/offline.py`).
 
 Usage: python benchmarks/kernel_registers.py [--head-dims 64,128] [--arch 90]
 
-Each kernel at `large`'s attention geometry (4 heads per KV group, 16-slot query tiles and
-the 32-slot candidate prefill tile,
+Each kernel at `large`'s attention geometry (4 heads per KV group, 16-slot query tiles,
 bf16 on tensor cores; Sparse GQA 16-key steps, SWA 32-key steps) under the launch options
 the project gives it (`forward_launch` for the forward walks, `DQ_LAUNCH` / `DKV_LAUNCH` for
 the backward). Programs per SM is 65,536 registers / (threads x registers), the limit the
@@ -28,7 +27,6 @@ from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     forward_launch,
 )
 from rlsys.kernels.triton_ops.attention_split import one_warp_launch  # noqa: E402
-from rlsys.kernels.triton_ops.common import for_rows  # noqa: E402
 from rlsys.kernels.triton_ops.offline import KernelResources, compile_ir, compile_resources  # noqa: E402
 from rlsys.model.kv_layout import geometry as kernel_geometry  # noqa: E402
 
@@ -83,11 +81,6 @@ def geometry(d: int, sparse: bool) -> dict[str, object]:
 def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
     """(label, module:kernel, extra constexprs, launch) of every kernel in the table."""
     chunks = chunk_constants(256)
-    # the candidate prefill tile's programs (`kv_layout.PREFILL_MMA_ROWS`, whatever its
-    # default): twice the decode tile's rows, warps in proportion (`for_rows`)
-    cfg = preset("large")
-    wide = 2 * kernel_geometry(cfg).query_tile
-    wide_rows = wide * cfg.n_heads // cfg.n_kv_groups
     # the decode part walk as a plain decode step launches it: one warp's 16 rows
     one_warp_slots = MMA_WARP_ROWS // int(geometry(d, True)["G"])  # type: ignore[call-overload]
     return [
@@ -102,12 +95,6 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
          forward_launch(d)),
         ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq", {}, attention_bwd.DQ_LAUNCH),
         ("backward dk dv", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {}, attention_bwd.DKV_LAUNCH),
-        ("forward walk, prefill tile", f"{MODULE}.attention_fwd:_attn_fwd",
-         {**chunks, "HAS_GATE": False, "T": wide}, forward_launch(d, wide_rows)),
-        ("backward dq, prefill tile", f"{MODULE}.attention_bwd:_attn_bwd_dq", {"T": wide},
-         for_rows(attention_bwd.DQ_LAUNCH, wide_rows)),
-        ("backward dk dv, prefill tile", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {"T": wide},
-         for_rows(attention_bwd.DKV_LAUNCH, wide_rows)),
         # the wide key chunk (`attention_bwd.DKV_KEYS`): 64 keys per program
         ("backward dk dv, 64 keys", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {"STEP": 64},
          attention_bwd.DKV_WIDE_LAUNCH),

@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_attention import index_inputs, timed  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
 from rlsys.kernels.triton_ops import attention_bwd, attention_fwd  # noqa: E402
-from rlsys.kernels.triton_ops.common import for_rows  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
 
 H, HKV, B, W = 16, 4, 8, 512
@@ -54,6 +53,17 @@ def configs(warps: str, stages: str) -> list[dict[str, int]]:
         {"num_warps": int(w), "num_stages": int(s)}
         for w, s in itertools.product(warps.split(","), stages.split(","))
     ]
+
+
+SCALE_WARPS = False  # `--scale-warps`
+
+
+def scaled(cfg: dict[str, int], t: int) -> dict[str, int]:
+    """`cfg` for a tile of t slots: under `--scale-warps` its warps (given per 64 tile rows)
+    times the tile's rows / 64, so every warp holds 16 rows at any tile."""
+    if not SCALE_WARPS:
+        return cfg
+    return {**cfg, "num_warps": cfg["num_warps"] * max(1, t * (H // HKV) // 64)}
 
 
 @contextmanager
@@ -70,9 +80,9 @@ def launching(module: ModuleType, name: str, cfg: dict[str, int]) -> Iterator[No
 def row(
     t: int, kernel: str, cfg: dict[str, int], sparse_ms: float, swa_ms: float, note: str
 ) -> None:
-    """One table row; the warps are those launched (`for_rows` scales the swept launch,
-    set for the decode tile's rows, to the tile's)."""
-    cfg = for_rows(cfg, t * (H // HKV))
+    """One table row; the warps are those launched (`--scale-warps`: the swept warps,
+    given per 64 tile rows, times the tile's rows / 64)."""
+    cfg = scaled(cfg, t)
     print(
         f"| {t} | {kernel} | {cfg['num_warps']} | {cfg['num_stages']} | {sparse_ms:.2f} "
         f"| {swa_ms:.2f} | {note} |",
@@ -102,7 +112,7 @@ def sweep_tile(t: int, args: argparse.Namespace, dev: str, first_tile: dict) -> 
     first_out: torch.Tensor | None = None
     for cfg in configs(args.warps, args.fwd_stages):
         try:
-            with launching(attention_fwd, "FORWARD_LAUNCH", cfg):
+            with launching(attention_fwd, "FORWARD_LAUNCH", scaled(cfg, t)):
                 out_sp, _ = attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse)
                 if first_out is None:
                     first_out, bits = out_sp, "base"
@@ -143,7 +153,7 @@ def sweep_tile(t: int, args: argparse.Namespace, dev: str, first_tile: dict) -> 
     for kernel, name, warps, sparse_call, swa_call in sweeps:
         for cfg in configs(warps, args.stages):
             try:
-                with launching(attention_bwd, name, cfg):
+                with launching(attention_bwd, name, scaled(cfg, t)):
                     sp_ms = timed(sparse_call, args.reps)
                     sw_ms = timed(swa_call, args.reps) if swa_call else float("nan")
                 row(t, kernel, cfg, sp_ms, sw_ms, "")
@@ -200,8 +210,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--length", type=int, default=32768)
     p.add_argument("--tiles", default="16,32")
+    p.add_argument("--warps", default="4,8", help="forward and backward warps (comma list)")
     p.add_argument(
-        "--warps", default="4,8", help="warps per 64 tile rows, forward and backward (comma list)"
+        "--scale-warps", action="store_true", help="--warps per 64 tile rows (16 rows per warp)"
     )
     p.add_argument("--mass-warps", default="2,4")
     p.add_argument("--fwd-stages", default="2,3")
@@ -213,8 +224,8 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
     args = p.parse_args()
-    global D
-    D = args.head_dim
+    global D, SCALE_WARPS
+    D, SCALE_WARPS = args.head_dim, args.scale_warps
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")

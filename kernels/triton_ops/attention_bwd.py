@@ -38,17 +38,10 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     tile_rows,
     visible_step,
 )
-from rlsys.kernels.triton_ops.common import (
-    dot_precision,
-    for_rows,
-    interpreting,
-    mma,
-    next_pow2,
-)
+from rlsys.kernels.triton_ops.common import dot_precision, interpreting, mma, next_pow2
 
 # Launch options of the backward kernels (trainer only: no engine value to match; any
-# choice gives the same values run to run), for LAUNCH_ROWS query-tile rows (`for_rows`
-# scales the warps with a wider tile's rows). Block mass: 2 warps, 3 stages ran 13.6 ->
+# choice gives the same values run to run). Block mass: 2 warps, 3 stages ran 13.6 ->
 # 11.4 ms at the deep-92 shape, 32K, on the H200, bitwise the same mass.
 DQ_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 DKV_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
@@ -296,7 +289,7 @@ def attention_backward(
     _attn_bwd_dq[(tiles.n_tiles, hkv)](
         q, k, v, do, out, lse, delta, dq, *_common_args(q, k, tiles, kv),
         out.stride(0), out.stride(1), step_off, step_ids, bits, bits.stride(0), bits.stride(1),
-        scale * LOG2E, scale, window, **meta, **for_rows(DQ_LAUNCH, tiles.T * g),
+        scale * LOG2E, scale, window, **meta, **DQ_LAUNCH,
     )  # fmt: skip
     keys = dkv_keys or DKV_KEYS or step
     _check_dkv_keys(keys, step, kv.page_size, block, sparse is not None)
@@ -311,7 +304,7 @@ def attention_backward(
         chunks["seq"], chunks["step"], chunks["seq_len"], chunks["seq_tile0"], chunks["seq_ntiles"],
         inv_off, inv_tiles, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, scale, window, **{**meta, "STEP": keys},
-        **(for_rows(DKV_LAUNCH, tiles.T * g) if keys == step else DKV_WIDE_LAUNCH),
+        **(DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH),
     )  # fmt: skip
     return dq, dk, dv
 
@@ -413,7 +406,6 @@ def block_mass(
         step_off, step_ids, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E,
         G=g, T=tiles.T, D=q.shape[2], DP=next_pow2(q.shape[2]), STEP=step, PAGE=kv.page_size,
-        BLK=block, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        **for_rows(MASS_LAUNCH, tiles.T * g),
+        BLK=block, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype), **MASS_LAUNCH,
     )  # fmt: skip
     return mass

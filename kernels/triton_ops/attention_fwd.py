@@ -52,10 +52,8 @@ from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
 from rlsys.kernels.triton_ops.common import (
-    LAUNCH_ROWS,
     check_device,
     dot_precision,
-    for_rows,
     interpreting,
     mma,
     next_pow2,
@@ -93,12 +91,11 @@ FORWARD_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 NARROW_HEAD_MAX_REGISTERS = 128
 
 
-def forward_launch(head_dim: int, rows: int = LAUNCH_ROWS) -> dict[str, int]:
-    """The forward kernels' launch options for a head dim and a program's query-tile rows
-    (the same in engine and trainer; `for_rows`: a wider tile, more warps)."""
+def forward_launch(head_dim: int) -> dict[str, int]:
+    """The forward kernels' launch options for a head dim (the same in engine and trainer)."""
     if next_pow2(head_dim) <= 64:  # a cap set in FORWARD_LAUNCH (a benchmark's sweep) wins
-        return for_rows({"maxnreg": NARROW_HEAD_MAX_REGISTERS, **FORWARD_LAUNCH}, rows)
-    return for_rows(dict(FORWARD_LAUNCH), rows)
+        return {"maxnreg": NARROW_HEAD_MAX_REGISTERS, **FORWARD_LAUNCH}
+    return dict(FORWARD_LAUNCH)
 
 
 # The softmax chunk boundaries (see module doc). Part of the numerics (engine and trainer
@@ -532,7 +529,7 @@ def attention_forward(
         gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
         G=g, T=tiles.T, D=d, DP=next_pow2(d), STEP=step, PAGE=kv.page_size, BLK=block,
         SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        HAS_GATE=gate is not None, **chunk_constants(chunk), **forward_launch(d, tiles.T * g),
+        HAS_GATE=gate is not None, **chunk_constants(chunk), **forward_launch(d),
     )  # fmt: skip
     return out, lse
 
@@ -606,7 +603,7 @@ def splits_chunks(tiles: QueryTiles, hkv: int, chunk: int, n_chunks: int, g: int
     if not rows or max(rows) * 4 > tiles.T or tiles.max_pos < chunk:
         return False
     programs = tiles.n_tiles * hkv
-    warps = for_rows(FORWARD_LAUNCH, tiles.T * g)["num_warps"]
+    warps = FORWARD_LAUNCH["num_warps"]
     if SPLIT_ONE_WARP and g and one_query_slots(tiles, g, warps, programs * n_chunks):
         return True
     return programs < SPLIT_BELOW_PROGRAMS and programs * n_chunks <= SPLIT_MAX_CHUNK_PROGRAMS

@@ -261,7 +261,7 @@ def split_attention_forward(
     pl = torch.empty_like(pm)
     pacc = torch.empty(n, h, n_chunks, dp, dtype=torch.float32, device=q.device)
     step_off, step_ids, bits = csr
-    common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d, tiles.T * g)}
+    common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d)}
     grid = (tiles.n_tiles, hkv, n_chunks)
     one_row = max(tiles.host_rows, default=0) == 1  # every tile holds one query
     sub = one_query_slots(tiles, g, common["num_warps"], grid[0] * grid[1] * grid[2])

@@ -30,19 +30,6 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-# Query-tile rows (slots x heads of a group) that the attention kernels' launch constants
-# are set for (the decode tile's MMA rows).
-LAUNCH_ROWS = 64
-
-
-def for_rows(launch: dict[str, int], rows: int) -> dict[str, int]:
-    """`launch` (set for LAUNCH_ROWS rows per program) for a program of `rows` query-tile
-    rows: warps in proportion, so every warp holds the rows and per-thread state it holds at
-    LAUNCH_ROWS (the wider prefill tile must not spill), and each K/V step's loads serve all
-    of them. A warp's rows reduce alike in either program (the bitwise tile tests)."""
-    return {**launch, "num_warps": launch["num_warps"] * max(1, rows // LAUNCH_ROWS)}
-
-
 def next_pow2(n: int, at_least: int = 16) -> int:
     return max(at_least, triton.next_power_of_2(max(int(n), 1)))
 

@@ -5,13 +5,7 @@
 - paged (the engine): this call's tokens get pages in the `PagePool` (reserved here) and
   their pool rows, and every sequence's block table is laid out for the kernels.
 `KernelGeometry` holds the kernels' constant tile shapes, derived from the model config
-only, so engine and trainer run the same reductions. The query tile is the one shape that
-may differ between calls: a row's bits do not depend on the other rows of its program
-(`attention_fwd`'s invariance argument; the GPU and interpreter tests compare them across
-tiles), so a call with a span of a tile or more (prefill, the trainer's packed forward)
-may take a wider `prefill_tile` (each K/V step's loads and per-step work serve more rows)
-while a decode call keeps `query_tile` (one present slot per tile, where wider tiles only add
-empty rows). `PREFILL_MMA_ROWS` says which; see there why it is not wider yet. Importing this module does not import
+only, so engine and trainer run the same reductions. Importing this module does not import
 triton (the model's reference path uses `TritonKV` only as a type to dispatch on).
 """
 
@@ -27,14 +21,7 @@ from rlsys.kernels.attention_plan import PagedKV, QueryTiles, Span, contiguous_t
 from rlsys.model.attention import SeqSpan
 from rlsys.model.paged_cache import PagedSeqCache, PagePool
 
-MMA_ROWS = 64  # query-tile rows (slots x heads of a group) of a decode call's programs
-# ... of a call with a span at least a tile long. Twice MMA_ROWS is the candidate (on twice
-# the warps, `for_rows`: every warp keeps 16 rows, the slice whose bits the one-warp decode
-# walk already shares); it stays equal to MMA_ROWS until the H200 shows the GPU bitwise
-# test (`test_a_token_is_bitwise_the_same_under_any_query_tile`, bf16) passing and the
-# prefill faster (`sweep_attention_launch.py`): a 32-slot tile on 4 warps changed fp32
-# bits on the H200 where the interpreter saw none.
-PREFILL_MMA_ROWS = MMA_ROWS
+MMA_ROWS = 64  # query-tile rows (slots x heads of a group) of every attention program
 
 
 @dataclass(frozen=True)
@@ -45,14 +32,6 @@ class KernelGeometry:
     swa_step: int
     sparse_step: int
     page_size: int
-    prefill_tile: int  # T slots: T * heads-per-group = PREFILL_MMA_ROWS
-
-    def tile_for(self, lengths: list[int]) -> int:
-        """The query tile of a call whose spans have these lengths: the prefill tile when
-        one span fills it, else the decode tile."""
-        return (
-            self.prefill_tile if max(lengths, default=0) >= self.prefill_tile else self.query_tile
-        )
 
 
 def geometry(cfg: ModelConfig) -> KernelGeometry:
@@ -63,9 +42,7 @@ def geometry(cfg: ModelConfig) -> KernelGeometry:
     if b & (b - 1):
         raise ValueError(f"sparse_block ({b}) must be a power of two for the Triton kernels")
     sparse_step = max(16, b)
-    return KernelGeometry(
-        MMA_ROWS // g, 32, sparse_step, max(64, sparse_step), PREFILL_MMA_ROWS // g
-    )
+    return KernelGeometry(MMA_ROWS // g, 32, sparse_step, max(64, sparse_step))
 
 
 @dataclass
@@ -105,7 +82,7 @@ def packed_kv(cfg: ModelConfig, spans: list[SeqSpan], device: torch.device) -> T
     geo = geometry(cfg)
     lens = [s.n for s in spans]
     tiles = plan_tiles(
-        [Span(i, s.row, s.n, 0) for i, s in enumerate(spans)], geo.tile_for(lens), device
+        [Span(i, s.row, s.n, 0) for i, s in enumerate(spans)], geo.query_tile, device
     )
     counts = [n // cfg.sparse_block for n in lens]
     bpp = geo.page_size // cfg.sparse_block
@@ -126,9 +103,7 @@ def paged_kv(
     geo = geometry(cfg)
     p, b, dev = pool.page_size, cfg.sparse_block, pool.device
     tiles = plan_tiles(
-        [Span(i, s.row, s.n, s.pos) for i, s in enumerate(spans)],
-        geo.tile_for([s.n for s in spans]),
-        dev,
+        [Span(i, s.row, s.n, s.pos) for i, s in enumerate(spans)], geo.query_tile, dev
     )
     sparse_rows, swa_rows, tok_rows, blk_rows = [], [], [], []
     for span, cache in zip(spans, caches, strict=True):

@@ -42,25 +42,6 @@ def test_the_narrow_head_walks_fit_the_register_cap(kernel: str, sparse: bool) -
     assert used.stack <= MAX_SPILL_BYTES, used
 
 
-@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "swa"])
-def test_the_prefill_tiles_walk_fits_the_register_cap_on_twice_the_warps(sparse: bool) -> None:
-    # the prefill tile holds twice the rows; `for_rows` gives it twice the warps, so each
-    # warp keeps the decode tile's rows and state: on four warps it spilled 408-464 bytes
-    launch = forward_launch(64, 128)
-    assert launch["num_warps"] == 2 * forward_launch(64)["num_warps"]
-    used = resources("forward walk, prefill tile", 64, sparse)
-    assert used.registers <= NARROW_HEAD_MAX_REGISTERS, used
-    assert used.stack <= MAX_SPILL_BYTES, used
-
-
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("kernel", ["backward dq, prefill tile", "backward dk dv, prefill tile"])
-def test_the_prefill_tiles_backward_walks_do_not_spill(kernel: str, d: int) -> None:
-    # on four warps the wide tile's dq spilled 56 bytes at head dim 128 (255 registers)
-    used = resources(kernel, d, True)
-    assert used.registers > 0 and used.stack == 0, used
-
-
 def test_a_window_of_one_compiles() -> None:
     """Triton specialises an integer argument equal to 1 to a constant, so a model whose
     sliding window is 1 hands the SWA walk a constexpr `window`: the mask must not call a
