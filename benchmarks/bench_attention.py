@@ -45,7 +45,6 @@ from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa:
 
 H, HKV, D, B, IDX, W = 16, 4, 128, 8, 64, 512
 T, PAGE, SPARSE_STEP, SWA_STEP = 16, 64, 16, 32
-PREFILL_T = T  # the prefill's query tile (the model's is the decode tile's: one geometry)
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
@@ -129,7 +128,7 @@ def sparse_prefill(length: int, args: argparse.Namespace, dev: str) -> dict[str,
     qi, bk = index_inputs(length, dev, args.random_selection)
     kv = contiguous_table([length], PAGE, dev)
     bkt = PagedKV(kv.block_table // B, PAGE // B)
-    tiles = plan_tiles([Span(0, 0, length, 0)], PREFILL_T, dev)
+    tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
     scale = 1 / math.sqrt(D)
 
     def indexer(ids: bool = False) -> tuple:
@@ -159,7 +158,7 @@ def sparse_prefill(length: int, args: argparse.Namespace, dev: str) -> dict[str,
     t_index = timed(indexer, args.reps)
     t_attn = timed(attend, args.reps)
     st = selection_stats(sel.ids, off, ksel)
-    attn_flops = st["steps"] * (PREFILL_T * (H // HKV)) * SPARSE_STEP * D * 4
+    attn_flops = st["steps"] * (T * (H // HKV)) * SPARSE_STEP * D * 4
     index_flops = length * HKV * (length / B / 2) * IDX * 2
     out = {"total_ms": total, "index_ms": t_index, "attn_ms": t_attn, "peak_gib": peak, **st}
     out["tflops"] = (attn_flops + index_flops) / (total * 1e-3) / 1e12
@@ -285,7 +284,7 @@ def swa_prefill(length: int, reps: int, dev: str) -> float:
     k = torch.randn(length, HKV, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     kv = contiguous_table([length], PAGE, dev)
-    tiles = plan_tiles([Span(0, 0, length, 0)], PREFILL_T, dev)
+    tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
     return timed(
         lambda: attention_forward(
             q, k, v, tiles, kv, scale=1 / math.sqrt(D), step=SWA_STEP, window=W
@@ -316,7 +315,7 @@ def section(name: str, fn: Callable[[], None]) -> None:
 
 
 def main() -> None:
-    global T, PREFILL_T, SPARSE_STEP, PAGE  # the geometry under test (the model derives it from its config)
+    global T, SPARSE_STEP, PAGE  # the geometry under test (the model derives it from its config)
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", default="32768,131072")
     parser.add_argument("--reps", type=int, default=5)
@@ -327,10 +326,7 @@ def main() -> None:
     parser.add_argument("--random-selection", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
     parser.add_argument("--sparse-step", type=int, default=SPARSE_STEP, help="keys per step")
-    parser.add_argument("--query-tile", type=int, default=T, help="decode query slots per tile")
-    parser.add_argument(
-        "--prefill-tile", type=int, default=PREFILL_T, help="prefill query slots per tile"
-    )
+    parser.add_argument("--query-tile", type=int, default=T, help="query slots per tile")
     parser.add_argument("--skip", default="", help="comma list: prefill,anchors,decode,swa,linear")
     parser.add_argument(
         "--chunk", type=int, default=attention_fwd.SOFTMAX_CHUNK,
@@ -352,7 +348,7 @@ def main() -> None:
         attention_fwd.SPLIT_BELOW_PROGRAMS = 1 << 62 if args.split == "on" else 0
         attention_fwd.SPLIT_MAX_CHUNK_PROGRAMS = 1 << 62
         attention_fwd.SPLIT_ONE_WARP = args.split == "on"
-    T, PREFILL_T, SPARSE_STEP = args.query_tile, args.prefill_tile, args.sparse_step
+    T, SPARSE_STEP = args.query_tile, args.sparse_step
     PAGE = max(PAGE, SPARSE_STEP)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
@@ -369,7 +365,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(
         f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}"
-        f"; sparse step {SPARSE_STEP}, query tile {T} (prefill {PREFILL_T}); softmax chunk {args.chunk}"
+        f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}"
         f" ({args.per_octave} per octave), split {args.split}"
     )
     print(describe(device_peak()))

@@ -16,10 +16,11 @@ The forward's options are shared by engine and trainer (its bits follow the prog
 layout), so a change there is a change of the model's numerics for both; the backward's
 and the block mass's options change no value. Prints one markdown table.
 
-A row's note also says whether the prefill forward's output (Sparse GQA and SWA) equals,
-bit for bit, the first tile's under the same launch options: the walk's invariance argument
-says a row's bits do not depend on the other rows of its program, so they should not depend
-on T either; if they do not, prefill and decode may use different tiles.
+A prefill row's note also says whether its outputs (Sparse GQA and SWA) equal, bit for
+bit, those of the first configuration swept (first tile, first launch options): whether a
+row's bits depend on the tile and the warps its program has. `--scale-warps` gives a wider
+tile warps in proportion (16 rows per warp at any tile): on an H100 a 32-slot tile on 8 warps
+kept every bit but ran slower (BENCHMARKS, the prefill tile).
 """
 
 from __future__ import annotations
