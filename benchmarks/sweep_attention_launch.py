@@ -119,7 +119,8 @@ def sweep_tile(t: int, args: argparse.Namespace, dev: str, first_tile: dict) -> 
                     first_out, bits = out_sp, "base"
                 else:
                     bits = "same bits" if torch.equal(out_sp, first_out) else "other bits"
-                bits += across_tiles(first_tile, cfg, t, (out_sp, sw_out(q, k, v, tiles, kv, W)))
+                out_sw, _ = attention_fwd.attention_forward(q, k, v, tiles, kv, **swa)
+                bits += across_tiles(first_tile, cfg, t, (out_sp, out_sw))
                 sp_ms = timed(
                     lambda: attention_fwd.attention_forward(q, k, v, tiles, kv, **sparse), args.reps
                 )
@@ -160,13 +161,6 @@ def sweep_tile(t: int, args: argparse.Namespace, dev: str, first_tile: dict) -> 
                 row(t, kernel, cfg, sp_ms, sw_ms, "")
             except Exception as exc:  # out of resources: the other rows still print
                 row(t, kernel, cfg, float("nan"), float("nan"), type(exc).__name__)
-
-
-def sw_out(q, k, v, tiles, kv, window: int) -> torch.Tensor:  # noqa: ANN001
-    """The SWA prefill's output (for the bitwise comparison across tiles)."""
-    return attention_fwd.attention_forward(
-        q, k, v, tiles, kv, scale=1 / math.sqrt(D), step=SWA_STEP, window=window
-    )[0]
 
 
 def across_tiles(first: dict, cfg: dict[str, int], t: int, outs: tuple) -> str:
