@@ -4,7 +4,12 @@ rollouts are still being generated and published.
 `StepInFlight` watches the job's ledger from a thread: the first time rollouts of the job
 are `buffered` (a batch handed to the trainer, which reads their trajectories from the
 stream) while others are `admitted`/`running` (workers about to publish), after at least
-`min_steps` committed steps, it runs the fault once and records when.
+`min_steps` committed steps (and, with `max_steps`, at most that many), it runs the fault
+once and records when.
+
+`max_steps` is for a fault the job can only notice when it next uses what was hit: a
+trainer killed as the job's last step finishes may die after the driver's last call to
+it, unseen. Firing while the step in flight is not the last leaves a step to meet it.
 """
 
 from __future__ import annotations
@@ -25,15 +30,16 @@ SELECT
 
 class StepInFlight(threading.Thread):
     def __init__(
-        self, ledger_url: str, job_id: str, fault: Callable[[], None], min_steps: int = 1
+        self,
+        ledger_url: str,
+        job_id: str,
+        fault: Callable[[], None],
+        min_steps: int = 1,
+        max_steps: int | None = None,
     ) -> None:
         super().__init__(daemon=True)
-        self.ledger_url, self.job_id, self.fault, self.min_steps = (
-            ledger_url,
-            job_id,
-            fault,
-            min_steps,
-        )
+        self.ledger_url, self.job_id, self.fault = ledger_url, job_id, fault
+        self.min_steps, self.max_steps = min_steps, max_steps
         self.fired: dict[str, int] | None = None  # what the ledger showed when it fired
         self.error: BaseException | None = None
         self._done = threading.Event()
@@ -48,7 +54,10 @@ class StepInFlight(threading.Thread):
                 except sa.exc.DBAPIError:
                     row = (0, 0, 0)  # the schema not there yet
                 buffered, generating, steps = row
-                if buffered and generating and steps >= self.min_steps:
+                in_window = steps >= self.min_steps and (
+                    self.max_steps is None or steps <= self.max_steps
+                )
+                if buffered and generating and in_window:
                     engine.dispose()  # hold no connection across the fault
                     self.fired = {"buffered": buffered, "generating": generating, "steps": steps}
                     self.fault()

@@ -59,8 +59,10 @@ def chaos_job(tiny_job, pg_database_url, redis_server):
     return make
 
 
-def _run_with_fault(cfg, job_id: str, fault, min_steps: int = 1) -> tuple[dict, dict]:
-    injector = StepInFlight(cfg.store.ledger_url, job_id, fault, min_steps)
+def _run_with_fault(
+    cfg, job_id: str, fault, min_steps: int = 1, max_steps: int | None = None
+) -> tuple[dict, dict]:
+    injector = StepInFlight(cfg.store.ledger_url, job_id, fault, min_steps, max_steps)
     injector.start()
     try:
         summary = run_job(cfg, job_id=job_id, on_event=lambda s: None)
@@ -145,6 +147,10 @@ def test_a_trainer_killed_mid_step_is_replaced_and_trains_every_sample_once(chao
     def kill_trainer() -> None:
         ray.kill(ray.get_actor(actor_name("j-chaos-trainer", "trainer-0")), no_restart=True)
 
-    summary, _ = _run_with_fault(cfg, "j-chaos-trainer", kill_trainer)
-    assert summary["trainer_restarts"] == 1
+    # Killed while step 2 is in flight, so step 3 is still to come: `ray.kill` is
+    # asynchronous, and a trainer killed as the last step finishes can die after the
+    # driver's last call to it, unseen (CI met that once).
+    summary, fired = _run_with_fault(cfg, "j-chaos-trainer", kill_trainer, max_steps=1)
+    assert summary["trainer_restarts"] == 1, f"fired at {fired}"
+
     assert_trained_exactly_once(cfg, summary, 3)
