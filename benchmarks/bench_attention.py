@@ -12,7 +12,9 @@ Selections: index queries are correlated over 64-token spans: qi[t, g] = 0.9 * c
 + 0.1 * noise (unit-variance normal parts), block keys i.i.d. normal; so adjacent queries
 share most of their top-k (the measured overlap is printed) - our stand-in for a trained
 indexer's locality. `--random-selection` draws independent index queries (the worst case
-for union tiles). The union size per query tile is reported against k.
+for union tiles). The union size per query tile is reported against k. `--indexer
+streamed` makes the selection without the fp32 score buffer (the same blocks; the
+registry is `rlsys.kernels.triton_ops.selection`).
 Anchors (same run): dense cuDNN/flash SDPA (causal, GQA) and FlexAttention with a
 block-sparse mask (128-token blocks, k=4096 tokens, random blocks, no indexer), and Flex
 with a sliding-window mask for SWA. Prints markdown tables.
@@ -41,7 +43,12 @@ from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_t
 from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
 from rlsys.kernels.triton_ops.attention import AttentionShape, packed_attention  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import attention_forward  # noqa: E402
-from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
+from rlsys.kernels.triton_ops.indexer import union_steps  # noqa: E402
+from rlsys.kernels.triton_ops.selection import (  # noqa: E402
+    METHODS,
+    indexer_method,
+    select_top_blocks,
+)
 
 H, HKV, D, B, IDX, W = 16, 4, 128, 8, 64, 512
 T, PAGE, SPARSE_STEP, SWA_STEP = 16, 64, 16, 32
@@ -133,7 +140,7 @@ def sparse_prefill(length: int, args: argparse.Namespace, dev: str) -> dict[str,
 
     def indexer(ids: bool = False) -> tuple:
         # the engine's call: the bitmap alone (only the trainer's indexer KL reads the ids)
-        sel = select_blocks(
+        sel = select_top_blocks(
             qi, bk, tiles, bkt, topk_blocks=ksel, block=B, precision="tf32", ids=ids
         )
         return sel, union_steps(sel, tiles, block=B, step=SPARSE_STEP)
@@ -250,7 +257,9 @@ def decode(args: argparse.Namespace, dev: str) -> dict[str, float]:
     scale = 1 / math.sqrt(D)
 
     def step() -> object:
-        sel = select_blocks(qi, bk, tiles, bkt, topk_blocks=ksel, block=B, precision="tf32")
+        sel = select_top_blocks(
+            qi, bk, tiles, bkt, topk_blocks=ksel, block=B, precision="tf32", ids=True
+        )
         off, ids = union_steps(sel, tiles, block=B, step=SPARSE_STEP)
         return attention_forward(
             q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=(off, ids, sel.bits), block=B
@@ -324,6 +333,9 @@ def main() -> None:
     parser.add_argument("--decode-context", type=int, default=131072)
     parser.add_argument("--bwd-max", type=int, default=32768)
     parser.add_argument("--random-selection", action="store_true")
+    parser.add_argument(
+        "--indexer", default="buffered", choices=sorted(METHODS), help="the selection's method"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
     parser.add_argument("--sparse-step", type=int, default=SPARSE_STEP, help="keys per step")
     parser.add_argument("--query-tile", type=int, default=T, help="query slots per tile")
@@ -366,7 +378,7 @@ def main() -> None:
     print(
         f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}"
         f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}"
-        f" ({args.per_octave} per octave), split {args.split}"
+        f" ({args.per_octave} per octave), split {args.split}; indexer {args.indexer}"
     )
     print(describe(device_peak()))
 
@@ -430,7 +442,8 @@ def main() -> None:
         ("linear", linear),
     ):
         if key not in skip:
-            section(key, fn)
+            with indexer_method(args.indexer):
+                section(key, fn)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 Usage (GPU machine, repository root):
     python benchmarks/bench_indexer.py [--lengths 32768,131072] [--reps 5] [--bits-only]
+        [--method buffered|streamed]
     python benchmarks/bench_indexer.py --smoke     # tiny shapes, any machine (interpreter)
 
 The `deep-92` shape of `bench_attention.py` (4 KV groups, index dim 64, B = 8, k = 4,096
@@ -10,7 +11,9 @@ indexer (`select_blocks` + `union_steps`) by device events, and each kernel's sh
 from the profiler (GPU time per kernel name over one call), with the HBM floor of the
 score buffer this design writes and reads back (fp32, causal half). Prints a markdown table.
 `--bits-only` times the engine's call, which asks for the bitmap alone (the trainer's also
-writes the ids the indexer KL reads).
+writes the ids the indexer KL reads). `--method` picks the selection's implementation
+(`rlsys.kernels.triton_ops.selection`: the fp32 score buffer ranked per row, or the
+streamed passes without a buffer); both select the same blocks.
 
 A change to the selection must leave it bitwise the same: `--save FILE` in the tree before
 and `--compare FILE` in the tree after (same machine) check every length's ids and bitmaps.
@@ -42,10 +45,11 @@ from benchmarks.bench_attention import (  # noqa: E402
 from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
 from rlsys.kernels.triton_ops import indexer  # noqa: E402
-from rlsys.kernels.triton_ops.indexer import (  # noqa: E402
-    Selection,
-    select_blocks,
-    union_steps,
+from rlsys.kernels.triton_ops.indexer import Selection, union_steps  # noqa: E402
+from rlsys.kernels.triton_ops.selection import (  # noqa: E402
+    METHODS,
+    indexer_method,
+    select_top_blocks,
 )
 
 
@@ -76,7 +80,7 @@ def measure(
     tiles = plan_tiles([Span(0, 0, length, 0)], T, dev)
 
     def select(with_ids: bool = ids) -> Selection:
-        return select_blocks(
+        return select_top_blocks(
             qi, bk, tiles, bkt, topk_blocks=topk // B, block=B, precision="tf32", ids=with_ids
         )
 
@@ -101,6 +105,7 @@ def main() -> None:
     parser.add_argument("--compare", help="check each selection bitwise against a --save file")
     parser.add_argument("--bits-only", action="store_true", help="time the engine's call")
     parser.add_argument("--per-thread", type=int, help="a top-k row's blocks per thread")
+    parser.add_argument("--method", default="buffered", choices=sorted(METHODS))
     args = parser.parse_args()
     if args.per_thread:
         indexer.SELECT_PER_THREAD = args.per_thread
@@ -111,7 +116,8 @@ def main() -> None:
     what = "bitmap only (the engine's call)" if args.bits_only else "ids and bitmap"
     print(
         f"device: {name}; torch {torch.__version__}; k = {args.topk} tokens, B = {B}; {what}; "
-        f"{indexer.SELECT_PER_THREAD} blocks per thread in the top-k"
+        f"selection {args.method}; {indexer.SELECT_PER_THREAD} blocks per thread in the "
+        "buffered top-k"
     )
     print(describe(device_peak()))
     print("\n| tokens | indexer ms | kernel | kernel ms | share | score-buffer HBM floor ms |")
@@ -119,7 +125,8 @@ def main() -> None:
     selections: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     keep = bool(args.save or args.compare)
     for length in (int(x) for x in args.lengths.split(",")):
-        total, per, kept = measure(length, args.topk, args.reps, dev, keep, not args.bits_only)
+        with indexer_method(args.method):
+            total, per, kept = measure(length, args.topk, args.reps, dev, keep, not args.bits_only)
         if kept is not None:
             selections[length] = kept
         # the fp32 scores of every (query, group, past block), written once and read once

@@ -6,6 +6,8 @@
 #   kern      the attention-kernel and model Triton-path tests only
 #   tp        the NCCL tensor-parallel test and the engine/trainer GPU tests
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
+#   istream   the streamed indexer selection: its tests, then bench_indexer.py buffered (saved)
+#             and streamed (compared bitwise), bitmap only, 32K and 128K (ISTREAM_ARGS)
 #   graphs    the CUDA-graph decode and activation-checkpointing tests, and the GPU tests
 #             they touch (Triton path, trainer on CUDA)
 #   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium; ENGINE_ARGS)
@@ -121,7 +123,14 @@ for step in "$@"; do
       timeout "${KERN_TIMEOUT:-300}" python3 -m pytest -q -x -p no:cacheprovider -o addopts= \
         tests/kernels/test_triton_attention.py tests/kernels/test_attention_split.py \
         tests/model/test_triton_path.py tests/kernels/test_host_to_device.py \
-        tests/kernels/test_indexer_search.py 2>&1 | tee "$OUT/kern.log" | tail -15 ;;
+        tests/kernels/test_indexer_search.py tests/kernels/test_indexer_stream.py \
+        2>&1 | tee "$OUT/kern.log" | tail -15 ;;
+    istream)
+      timeout "${ISTREAM_TIMEOUT:-400}" bash -c "python3 -m pytest -q -p no:cacheprovider \
+        -o addopts= tests/kernels/test_indexer_stream.py 2>&1 | tail -3
+        python3 benchmarks/bench_indexer.py --bits-only --save /tmp/sel.pt ${ISTREAM_ARGS:-}
+        python3 benchmarks/bench_indexer.py --bits-only --method streamed --compare /tmp/sel.pt \
+          ${ISTREAM_ARGS:-}" 2>&1 | tee "$OUT/istream.log" | grep -v Warning ;;
     tp)
       timeout "${TP_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/engine/test_tp_cuda.py tests/kernels/test_triton_cuda.py tests/trainer/test_trainer_cuda.py \

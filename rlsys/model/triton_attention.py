@@ -25,8 +25,9 @@ from rlsys.kernels.triton_ops.attention import (
     selected_block_mass,
 )
 from rlsys.kernels.triton_ops.common import dot_precision
-from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps
+from rlsys.kernels.triton_ops.indexer import union_steps
 from rlsys.kernels.triton_ops.qkv_post import IndexOut
+from rlsys.kernels.triton_ops.selection import select_top_blocks
 from rlsys.model.attention import AttentionProjections
 from rlsys.model.indexer_kl import indexer_kl
 from rlsys.model.kv_layout import PackedLayout, PagedLayout, TritonKV
@@ -92,7 +93,7 @@ def sparse_attention_fused(
     q, gate = proj.project_into_pools(x, positions, k_pool, v_pool, paged.sparse_rows, index, b)
     if not by_row:
         _merge_block_keys(pool.index_keys[layer], bk_pool, paged, b)
-    sel = select_blocks(
+    sel = select_top_blocks(
         qi, bk_pool, kv.tiles, paged.bk, topk_blocks=cfg.sparse_selected_blocks, block=b,
         precision=dot_precision(q.dtype), ids=False,  # the attention reads only the bitmap
     )  # fmt: skip
@@ -139,7 +140,7 @@ def sparse_attention(
         bk_pool = pool.block_keys[layer]
         _merge_block_keys(pool.index_keys[layer], bk_pool, paged, b)
         table, bk_table = paged.sparse_kv, paged.bk
-    sel = select_blocks(
+    sel = select_top_blocks(
         qi.detach(),
         bk_pool.detach(),
         kv.tiles,

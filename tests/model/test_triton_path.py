@@ -139,3 +139,24 @@ def test_training_through_the_kernels_gives_the_reference_gradients(
         assert name in with_triton
         scale = float(g.abs().max()) + 1e-12
         assert float((with_triton[name] - g).abs().max()) <= 1e-4 * scale + 1e-7, name
+
+
+def test_the_streamed_indexer_gives_the_model_the_buffered_ones_logits(
+    triton_path: None,
+) -> None:
+    """`RLSYS_INDEXER=streamed` changes how the selection is made, not what it is: the
+    forward's logits are bitwise the buffered selection's (rows past k / B blocks select)."""
+    from rlsys.kernels.triton_ops.selection import indexer_method
+
+    model = _model()
+    tokens = torch.randint(0, model.cfg.vocab_size, (2, 40), device=DEV)
+    assert 40 // model.cfg.sparse_block > model.cfg.sparse_selected_blocks
+    with torch.no_grad():
+        with indexer_method("buffered"):
+            buffered = model(tokens, with_mtp=False).logits
+        with indexer_method("streamed"):
+            streamed = model(tokens, with_mtp=False).logits
+    assert torch.equal(streamed, buffered)
+    with pytest.raises(ValueError, match="indexer method 'sorted'"):
+        with indexer_method("sorted"):
+            pass
