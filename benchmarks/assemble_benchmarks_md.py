@@ -66,6 +66,7 @@ ORDER = [
     "gpu_indexer_probit",
     "engine_gc_steps",
     "prefill_tile",
+    "indexer_stream",
     "ci_time",
 ]
 
