@@ -6,7 +6,9 @@ blocks when there are fewer), ties broken toward the lower block id, so it is on
 function of the scores: no batch, chunk or page placement can change it.
 
 Kernels:
-- `_index_scores`: one program per (query tile, tile of NBT blocks); M = T * Hkv rows.
+- `_index_scores`: one program per (query tile, tile of NBT blocks); M = T * Hkv rows
+  (`_tile_rows`, `_tile_scores`: the streamed selection, `indexer_stream.py`, computes
+  its scores with these same two helpers, so its scores are these bitwise).
   Scores go to a (rows, NBP) fp32 buffer that covers ONE chunk of queries at a time
   (`select_blocks` walks the queries in chunks), so no L x L/B matrix ever exists.
 - `_topk_select`: one program per (query, group) row, scores held in registers (no sort,
@@ -42,6 +44,61 @@ SELECT_PER_THREAD = 64
 
 
 @triton.jit
+def _tile_rows(
+    QI, qi_stride_n, qi_stride_g, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    HKV: tl.constexpr, T: tl.constexpr, IDX: tl.constexpr, IDXP: tl.constexpr,
+    BLK: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """This program's query tile: its sequence, the rows' index queries (M = T * HKV rows:
+    position slot0 + r // HKV, group r % HKV), complete past blocks per row, the blocks any
+    row reads (nb), output rows (query row * HKV + group), presence, and r."""
+    tile = tl.program_id(0)
+    seq = tl.load(tile_seq + tile)
+    slot0 = tl.load(tile_slot0 + tile)
+    lo_pos = tl.load(tile_lo + tile)
+    hi_pos = tl.load(tile_hi + tile)
+    row0 = tl.load(tile_row + tile)
+    r = tl.arange(0, T * HKV)
+    qpos = slot0 + r // HKV
+    g = r % HKV
+    present = (qpos >= lo_pos) & (qpos < hi_pos)
+    qrow = tl.where(present, row0 + qpos - lo_pos, 0).to(tl.int64)
+    d = tl.arange(0, IDXP)
+    qi = tl.load(
+        QI + qrow[:, None] * qi_stride_n + g[:, None] * qi_stride_g + d[None, :],
+        mask=present[:, None] & (d < IDX)[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        qi = qi.to(tl.float32)
+    npast = tl.where(present, qpos // BLK, 0)
+    nb = (hi_pos - 1) // BLK  # the blocks any row of the tile reads (`_index_scores`'s)
+    return seq, qi, npast, nb, qrow * HKV + g, present, r
+
+
+@triton.jit
+def _tile_scores(
+    qi, BK, bk_stride_r, bk_table, seq, bkt_stride, c0, nb,
+    IDX: tl.constexpr, IDXP: tl.constexpr, NBT: tl.constexpr, BPP: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Scores (rows, NBT) of blocks [c0, c0 + NBT) and their ids: `_index_scores`'s loads
+    and product (blocks from `nb` on are loaded as zeros and never read)."""
+    d = tl.arange(0, IDXP)
+    b = c0 + tl.arange(0, NBT)
+    bneed = b < nb
+    page_row = tl.load(bk_table + seq * bkt_stride + b // BPP, mask=bneed, other=0)
+    bk = tl.load(
+        BK + (page_row + b % BPP).to(tl.int64)[:, None] * bk_stride_r + d[None, :],
+        mask=bneed[:, None] & (d < IDX)[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        bk = bk.to(tl.float32)
+    return mma(qi, tl.trans(bk), PRECISION, UPCAST), b
+
+
+@triton.jit
 def _index_scores(
     QI, BK, S,
     qi_stride_n, qi_stride_g, bk_stride_r, s_stride_r,
@@ -52,41 +109,18 @@ def _index_scores(
     NBT: tl.constexpr, BPP: tl.constexpr, BLK: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    tile = tl.program_id(0)
-    bt = tl.program_id(1)
-    seq = tl.load(tile_seq + tile)
-    slot0 = tl.load(tile_slot0 + tile)
-    lo = tl.load(tile_lo + tile)
-    hi = tl.load(tile_hi + tile)
-    row0 = tl.load(tile_row + tile)
-    r = tl.arange(0, T * HKV)
-    qpos = slot0 + r // HKV
-    g = r % HKV
-    present = (qpos >= lo) & (qpos < hi)
-    qrow = tl.where(present, row0 + qpos - lo, 0).to(tl.int64)
-    d = tl.arange(0, IDXP)
-    qi = tl.load(
-        QI + qrow[:, None] * qi_stride_n + g[:, None] * qi_stride_g + d[None, :],
-        mask=present[:, None] & (d < IDX)[None, :],
-        other=0.0,
-    )
-    b = bt * NBT + tl.arange(0, NBT)
-    bneed = b < (hi - 1) // BLK
-    page_row = tl.load(bk_table + seq * bkt_stride + b // BPP, mask=bneed, other=0)
-    bk = tl.load(
-        BK + (page_row + b % BPP).to(tl.int64)[:, None] * bk_stride_r + d[None, :],
-        mask=bneed[:, None] & (d < IDX)[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        qi = qi.to(tl.float32)
-        bk = bk.to(tl.float32)
-    s = mma(qi, tl.trans(bk), PRECISION, UPCAST)
-    out_row = (qrow - row_base) * HKV + g
+    seq, qi, npast, nb, out_row, present, r = _tile_rows(
+        QI, qi_stride_n, qi_stride_g, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+        HKV, T, IDX, IDXP, BLK, UPCAST,
+    )  # fmt: skip
+    s, b = _tile_scores(
+        qi, BK, bk_stride_r, bk_table, seq, bkt_stride, tl.program_id(1) * NBT, nb,
+        IDX, IDXP, NBT, BPP, UPCAST, PRECISION,
+    )  # fmt: skip
     tl.store(
-        S + out_row[:, None] * s_stride_r + b[None, :],
+        S + (out_row - row_base * HKV)[:, None] * s_stride_r + b[None, :],
         s,
-        mask=present[:, None] & (b[None, :] < (qpos // BLK)[:, None]),
+        mask=present[:, None] & (b[None, :] < npast[:, None]),
     )
 
 

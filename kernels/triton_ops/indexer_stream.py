@@ -27,10 +27,11 @@ keys: four score products per tile in all (`benchmarks/indexer_stream_passes.py`
 the buffered path takes one and writes and reads its fp32 buffer.
 
 Invariants:
-- The scores are `_index_scores`'s: the same tile shapes (T * HKV rows x NBT blocks), the
-  same loads and the same `mma`, so every score is bitwise the buffered path's and the
-  selection, an exact function of them, is the same set: the k highest keys, ties to the
-  lower block id (tested against the buffered path and the fp64 reference).
+- The scores are `_index_scores`'s: both kernels compute them with `indexer._tile_rows`
+  and `indexer._tile_scores` (T * HKV rows x NBT blocks, the same loads and `mma`), so
+  every score is bitwise the buffered path's and the selection, an exact function of
+  them, is the same set: the k highest keys, ties to the lower block id (tested against
+  the buffered path and the fp64 reference).
 - The probes decide only how many passes a row takes, never what it selects: any probe
   strictly inside the bracket keeps the bracket's counts exact.
 - Every word of a row's bitmap is written (zeros past its blocks), as the buffered path's.
@@ -44,21 +45,26 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
-from rlsys.kernels.triton_ops.common import check_device, interpreting, mma, next_pow2
+from rlsys.kernels.triton_ops.common import check_device, interpreting, next_pow2
 from rlsys.kernels.triton_ops.indexer import (
     NBT,
     Selection,
     _count,
     _inclusive_rank,
     _order_key,
+    _tile_rows,
+    _tile_scores,
     _value_of,
 )
 
 PROBES = 4  # probes counted per pass (the kernel is written for 4: `p0`..`p3`)
 COLLECT = 64  # a bracket of at most this many keys is collected and ranked, not probed
-# Warps per kernel, from the sm_90 compile on the CPU box (`benchmarks/
-# indexer_stream_registers.py`, Triton 3.9): the fewest with no spill. Not yet run on a GPU.
-WARPS = {"bracket": 4, "collect": 8, "bits": 4, "ties": 4}
+# Warps per kernel: 4 everywhere, as `_index_scores` launches. Compiled for sm_90 on the
+# CPU box (Triton 3.9), 4 warps give every kernel the product's instruction
+# (HGMMA.64x64x8.F32.TF32); at 8 warps the collect kernel (188 registers there, 255 and
+# 48 bytes spilled at 4) split it into 64x32 halves: not shown to round alike, and a
+# collected key must be the same number the other passes counted. Not yet run on a GPU.
+WARPS = {"bracket": 4, "collect": 4, "bits": 4, "ties": 4}
 MAX_PASSES = 34  # probe passes: the midpoint probe halves a 2^33-key bracket within 33
 INT32_MIN = tl.constexpr(-2147483648)  # constexpr: read inside the kernels
 INT32_MAX = tl.constexpr(2147483647)
@@ -87,28 +93,6 @@ def _upper_z(c, n):
 
 
 @triton.jit
-def _tile_scores(
-    qi, BK, bk_stride_r, bk_table, seq, bkt_stride, c0, nb,
-    IDX: tl.constexpr, IDXP: tl.constexpr, NBT: tl.constexpr, BPP: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """Scores (rows, NBT) of blocks [c0, c0 + NBT) and their ids: `_index_scores`'s loads
-    and product (blocks from `nb` on are loaded as zeros and never read)."""
-    d = tl.arange(0, IDXP)
-    b = c0 + tl.arange(0, NBT)
-    bneed = b < nb
-    page_row = tl.load(bk_table + seq * bkt_stride + b // BPP, mask=bneed, other=0)
-    bk = tl.load(
-        BK + (page_row + b % BPP).to(tl.int64)[:, None] * bk_stride_r + d[None, :],
-        mask=bneed[:, None] & (d < IDX)[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        bk = bk.to(tl.float32)
-    return mma(qi, tl.trans(bk), PRECISION, UPCAST), b
-
-
-@triton.jit
 def _column(x, j, p: tl.constexpr):
     """Column p of a (rows, P) tensor, as a per-row vector."""
     return tl.sum(tl.where(j == p, x, 0), axis=1)
@@ -134,38 +118,6 @@ def _chunk_keys(
     )  # fmt: skip
     valid = b[None, :] < npast[:, None]
     return tl.where(valid, _order_key(s), INT32_MIN), b
-
-
-@triton.jit
-def _tile_rows(
-    QI, qi_stride_n, qi_stride_g, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
-    HKV: tl.constexpr, T: tl.constexpr, IDX: tl.constexpr, IDXP: tl.constexpr,
-    BLK: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """This program's tile: its sequence, the rows' index queries (loaded as
-    `_index_scores` loads them), past blocks, output rows, presence, and the row index r."""
-    tile = tl.program_id(0)
-    seq = tl.load(tile_seq + tile)
-    slot0 = tl.load(tile_slot0 + tile)
-    lo_pos = tl.load(tile_lo + tile)
-    hi_pos = tl.load(tile_hi + tile)
-    row0 = tl.load(tile_row + tile)
-    r = tl.arange(0, T * HKV)
-    qpos = slot0 + r // HKV
-    g = r % HKV
-    present = (qpos >= lo_pos) & (qpos < hi_pos)
-    qrow = tl.where(present, row0 + qpos - lo_pos, 0).to(tl.int64)
-    d = tl.arange(0, IDXP)
-    qi = tl.load(
-        QI + qrow[:, None] * qi_stride_n + g[:, None] * qi_stride_g + d[None, :],
-        mask=present[:, None] & (d < IDX)[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        qi = qi.to(tl.float32)
-    npast = tl.where(present, qpos // BLK, 0)
-    nb = (hi_pos - 1) // BLK  # the blocks any row of the tile reads (`_index_scores`'s)
-    return seq, qi, npast, nb, qrow * HKV + g, present, r
 
 
 @triton.jit
