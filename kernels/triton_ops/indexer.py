@@ -72,7 +72,7 @@ def _tile_rows(
     if UPCAST:
         qi = qi.to(tl.float32)
     npast = tl.where(present, qpos // BLK, 0)
-    nb = (hi_pos - 1) // BLK  # the blocks any row of the tile reads (`_index_scores`'s)
+    nb = (hi_pos - 1) // BLK  # the blocks any row of the tile reads
     return seq, qi, npast, nb, qrow * HKV + g, present, r
 
 
@@ -82,8 +82,9 @@ def _tile_scores(
     IDX: tl.constexpr, IDXP: tl.constexpr, NBT: tl.constexpr, BPP: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Scores (rows, NBT) of blocks [c0, c0 + NBT) and their ids: `_index_scores`'s loads
-    and product (blocks from `nb` on are loaded as zeros and never read)."""
+    """Scores (rows, NBT) of blocks [c0, c0 + NBT) and their ids: the one product both
+    selections use (`_index_scores`, the streamed kernels); blocks from `nb` on are loaded
+    as zeros and never read."""
     d = tl.arange(0, IDXP)
     b = c0 + tl.arange(0, NBT)
     bneed = b < nb
