@@ -77,7 +77,7 @@ for step in "$@"; do
         tests/kernels/test_norm_bwd.py tests/trainer/test_trunk_graphs_cuda.py \
         tests/kernels/test_moe_bwd.py tests/kernels/test_zero_center_kernel.py \
         tests/model/test_indexer_kl.py tests/kernels/test_weight_grad.py \
-        tests/trainer/test_grad_clip.py > "$OUT/tests.log" 2>&1
+        tests/trainer/test_grad_clip.py tests/kernels/test_indexer_stream.py > "$OUT/tests.log" 2>&1
       grep -E "FAILED|ERROR|Error|passed|failed|[0-9.]+s (call|setup)" "$OUT/tests.log" | tail -40 ;;
     dense)
       timeout "${DENSE_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
