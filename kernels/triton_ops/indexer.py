@@ -169,7 +169,13 @@ def _upper_z(c, n):
     # log2 q read off its bits (exponent + mantissa - 1, within 0.09): a guess needs no more,
     # and the exact log cost more per probe than the probes it saved
     log2q = (q.to(tl.int32, bitcast=True) - 0x3F800000).to(tl.float32) * (1.0 / 8388608.0)
-    t = tl.sqrt(-1.3862943611198906 * log2q)  # -2 ln q
+    return _z_of_tail(tl.sqrt(-1.3862943611198906 * log2q), p)  # t = sqrt(-2 ln q)
+
+
+@triton.jit
+def _z_of_tail(t, p):
+    """Abramowitz-Stegun 26.2.23 (|error| < 4.5e-4): the normal z whose tail beyond it holds
+    q = min(p, 1 - p), from t = sqrt(-2 ln q); positive for p < 1/2."""
     z = t - tl.fdiv(
         2.515517 + t * (0.802853 + t * 0.010328),
         1.0 + t * (1.432788 + t * (0.189269 + t * 0.001308)),

@@ -55,6 +55,7 @@ from rlsys.kernels.triton_ops.indexer import (
     _tile_rows,
     _tile_scores,
     _value_of,
+    _z_of_tail,
 )
 
 PROBES = 4  # probes counted per pass (the kernel is written for 4: `p0`..`p3`)
@@ -83,13 +84,7 @@ def _upper_z(c, n):
     Computed per row and probe, never per score. Only the guesses use it."""
     p = tl.fdiv(tl.minimum(tl.maximum(c, 0.5), n - 0.5), n, ieee_rounding=False)
     q = tl.minimum(p, 1.0 - p)
-    t = tl.sqrt(-2.0 * tl.log(q))
-    z = t - tl.fdiv(
-        2.515517 + t * (0.802853 + t * 0.010328),
-        1.0 + t * (1.432788 + t * (0.189269 + t * 0.001308)),
-        ieee_rounding=False,
-    )
-    return tl.where(p < 0.5, z, -z)
+    return _z_of_tail(tl.sqrt(-2.0 * tl.log(q)), p)
 
 
 @triton.jit
