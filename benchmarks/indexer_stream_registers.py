@@ -26,13 +26,12 @@ POINTERS = {
     "bk_table": "*i32", "QI": "*fp32", "BK": "*fp32",
 }  # fmt: skip
 STRIDES = ("qi_stride_n", "qi_stride_g", "bk_stride_r", "bits_stride_r", "ids_stride_r")
-SHAPE = {"HKV": 4, "T": 16, "IDX": 64, "IDXP": 64, "NBT": 64, "BPP": 8, "BLK": 8, "NWO": 512}
+SHAPE = {"HKV": 4, "T": 16, "IDX": 64, "IDXP": 64, "NBT": 64, "BPP": 8, "BLK": 8}
 
 
 def kernels() -> list[tuple[str, dict]]:
     """(kernel, its constexprs) at the deep-92 shape, tf32 products."""
     tiles = {**SHAPE, "KSEL": 512, "UPCAST": False, "PRECISION": "tf32"}
-    tiles.pop("NWO")
     return [
         ("_stream_bracket", {
             **tiles, "P": stream.PROBES, "C": stream.COLLECT,

@@ -60,12 +60,12 @@ from rlsys.kernels.triton_ops.indexer import (
 
 PROBES = 4  # probes counted per pass (the kernel is written for 4: `p0`..`p3`)
 COLLECT = 64  # a bracket of at most this many keys is collected and ranked, not probed
-# Warps per kernel: 4 everywhere, as `_index_scores` launches. Compiled for sm_90 on the
+# Warps of every streamed kernel: 4, as `_index_scores` launches. Compiled for sm_90 on the
 # CPU box (Triton 3.9), 4 warps give every kernel the product's instruction
 # (HGMMA.64x64x8.F32.TF32); at 8 warps the collect kernel (188 registers there, 255 and
 # 48 bytes spilled at 4) split it into 64x32 halves: not shown to round alike, and a
 # collected key must be the same number the other passes counted. Not yet run on a GPU.
-WARPS = {"bracket": 4, "collect": 4, "bits": 4, "ties": 4}
+STREAM_WARPS = 4
 MAX_PASSES = 34  # probe passes: the midpoint probe halves a 2^33-key bracket within 33
 INT32_MIN = tl.constexpr(-2147483648)  # constexpr: read inside the kernels
 INT32_MAX = tl.constexpr(2147483647)
@@ -461,12 +461,12 @@ def select_blocks_streamed(
         **{f"R{i}": r for i, r in enumerate(FIRST_RATIOS)},
         **{f"F{i}": f for i, f in enumerate(NEXT_FRACTIONS)},
         MAX_PASSES=MAX_PASSES, COUNT_PASSES=passes is not None,
-        num_warps=WARPS["bracket"],
+        num_warps=STREAM_WARPS,
     )  # fmt: skip
-    _stream_collect[grid](*common, SCRATCH=scratch, **shape, C=COLLECT, num_warps=WARPS["collect"])
+    _stream_collect[grid](*common, SCRATCH=scratch, **shape, C=COLLECT, num_warps=STREAM_WARPS)
     bits = {"BITS": out.bits, "bits_stride_r": out.bits.stride(1), "NWO": nw}
-    _stream_bits[grid](*common, **bits, **shape, num_warps=WARPS["bits"])
-    _stream_ties[grid](*common, **bits, **shape, num_warps=WARPS["ties"])
+    _stream_bits[grid](*common, **bits, **shape, num_warps=STREAM_WARPS)
+    _stream_ties[grid](*common, **bits, **shape, num_warps=STREAM_WARPS)
     if out.ids is not None:
         _bits_to_ids[(n * hkv,)](
             out.bits, out.ids, out.bits.stride(1), out.ids.stride(1),

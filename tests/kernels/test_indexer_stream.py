@@ -23,12 +23,14 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 HKV, D, BLK, IDX, T = 2, 8, 2, 8, 16
 
 
-def _both(case, qi, spans, ksel, passes=None):  # noqa: ANN001, ANN202
+def _both(case, qi, spans, ksel):  # noqa: ANN001, ANN202
+    """Both selections of the call, and the streamed one's probe passes per tile."""
     tiles = plan_tiles(spans, T, DEV)
     kw = {"topk_blocks": ksel, "block": BLK}
+    passes = torch.zeros(tiles.n_tiles, dtype=torch.int32, device=DEV)
     buffered = select_blocks(qi, case.block_keys, tiles, case.bk, **kw)
     streamed = select_blocks_streamed(qi, case.block_keys, tiles, case.bk, passes=passes, **kw)
-    return buffered, streamed, tiles
+    return buffered, streamed, passes
 
 
 def _assert_same(buffered, streamed) -> None:  # noqa: ANN001
@@ -66,8 +68,7 @@ def test_streamed_selection_is_the_buffered_one(
         case.block_keys.copy_(case.block_keys.sign())
         qi = (qi > 1.0).float()
     qi = qi.to(DEV)
-    passes = torch.zeros(plan_tiles(spans, T, DEV).n_tiles, dtype=torch.int32, device=DEV)
-    buffered, streamed, _ = _both(case, qi, spans, ksel=9, passes=passes)
+    buffered, streamed, passes = _both(case, qi, spans, ksel=9)
     _assert_same(buffered, streamed)
     # rows past k blocks were searched by probes (or, at 128, collected whole)
     assert int(passes.max()) == 0 if collect == 128 else int(passes.max()) >= 1
