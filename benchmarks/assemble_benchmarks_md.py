@@ -67,6 +67,7 @@ ORDER = [
     "engine_gc_steps",
     "prefill_tile",
     "indexer_stream",
+    "gpu_forward_walk",
     "ci_time",
 ]
 

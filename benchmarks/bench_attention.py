@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if "--smoke" in sys.argv:  # before triton loads: it picks its driver on import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import triton.language as tl  # noqa: E402
+
 from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
 from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
@@ -353,7 +355,20 @@ def main() -> None:
         help="decode rows: walk the chunks in parallel (on), in one walk (off), or as the "
         "bounds in attention_fwd pick (auto)",
     )  # fmt: skip
+    parser.add_argument(
+        "--paired-steps", choices=["on", "off"],
+        default="on" if attention_fwd.FORWARD_PAIRED_STEPS else "off",
+        help="the single forward walk folds two steps per loop trip, or one (the same bits)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rescale", choices=["always", "on-demand"],
+        default="on-demand" if attention_fwd.RESCALE_ON_DEMAND else "always",
+        help="the slack rule's rescale: every step, or on a tile-wide branch (the same bits)",
+    )  # fmt: skip
     args = parser.parse_args()
+    attention_fwd.FORWARD_PAIRED_STEPS = args.paired_steps == "on"
+    # a compile-time global: set before the first launch compiles the walks
+    attention_fwd.RESCALE_ON_DEMAND = tl.constexpr(args.rescale == "on-demand")
     attention_fwd.SOFTMAX_CHUNK = args.chunk
     attention_fwd.CHUNKS_PER_OCTAVE = args.per_octave
     if args.split != "auto":  # the split bounds opened wide (on) or shut (off)
@@ -379,6 +394,8 @@ def main() -> None:
         f"device: {name}; torch {torch.__version__}; selection: {'random' if args.random_selection else 'clustered'}"
         f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}"
         f" ({args.per_octave} per octave), split {args.split}; indexer {args.indexer}"
+        f"; paired steps {args.paired_steps}"
+        f"; rescale {args.rescale}"
     )
     print(describe(device_peak()))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlsys.config.model import preset  # noqa: E402
-from rlsys.kernels.triton_ops import attention_bwd  # noqa: E402
+from rlsys.kernels.triton_ops import attention_bwd, attention_fwd  # noqa: E402
 from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     MMA_WARP_ROWS,
     chunk_constants,
@@ -84,7 +84,8 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
     # the decode part walk as a plain decode step launches it: one warp's 16 rows
     one_warp_slots = MMA_WARP_ROWS // int(geometry(d, True)["G"])  # type: ignore[call-overload]
     return [
-        ("forward walk", f"{MODULE}.attention_fwd:_attn_fwd", {**chunks, "HAS_GATE": True},
+        ("forward walk", f"{MODULE}.attention_fwd:_attn_fwd",
+         {**chunks, "HAS_GATE": True, "PAIRED": attention_fwd.FORWARD_PAIRED_STEPS},
          forward_launch(d)),
         ("split part", f"{MODULE}.attention_split:_attn_fwd_part",
          {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": one_warp_slots},

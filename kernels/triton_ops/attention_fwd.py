@@ -73,11 +73,19 @@ NEG_INIT = tl.constexpr(-1.0e30)
 # fp32's or bf16's range, and after a row's first visible step of a chunk most steps
 # rescale no row. Part of the numerics (engine and trainer fold alike), so a constant.
 RESCALE_SLACK = tl.constexpr(8.0)
-# Head dims (padded) from which `fold_step` keeps a slack reference and rescales only when
-# some row needs it (part of the numerics: a function of the model's head dim, like the
-# launch options). Offline sm_90 SASS: at 128 skipping the 64 multiplies saves 11% of the
-# walk's step; at 64 the test costs as much as it saves (BENCHMARKS, kernel instructions).
+# Head dims (padded) from which `fold_step` keeps a slack reference, so that most steps
+# move no row's reference (part of the numerics: a function of the model's head dim, like
+# the launch options). At 64 the slack test cost as much as the rescales it spared
+# (offline sm_90 SASS; BENCHMARKS, kernel instructions).
 LAZY_RESCALE_MIN_DIM = tl.constexpr(128)
+# With the slack reference: a program rescales acc only when some row needs it (True: a
+# branch on a reduction over the whole tile, which crosses warps: shared memory and a
+# barrier every step), or every step (False: the rows that do not move multiply by exactly
+# 1). The same bits either way (tests/kernels/test_attention_split.py). Every step: 32K
+# Sparse GQA prefill at the deep-92 layer shape 14.25 -> 12.88 ms, 128K 77.6 -> 69.0 on
+# the H100 (one call; the skipped multiplies had looked like 11% of a step in offline
+# SASS). A compile-time global, so a benchmark sets it before the first launch.
+RESCALE_ON_DEMAND = tl.constexpr(False)
 
 # Launch options of the forward. Engine and trainer launch it alike (a program's reductions
 # follow its layout, which the warp count sets), so they depend on the head dim only.
@@ -89,6 +97,15 @@ FORWARD_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 # 128K +5%, which the split walk serves up to 512 programs). At head dim 128 the walk needs
 # ~230-255 either way (a cap of 168 spilled, 9-44% slower).
 NARROW_HEAD_MAX_REGISTERS = 128
+# The single walk folds its steps one loop trip each (False) or two per trip, both steps'
+# loads and scores issued before either folds (True; the split walk's part loop does so).
+# The bits are the same either way (each step folds after its own chunk turn, in order), so
+# engine and trainer may differ in it; read at call time, so a benchmark can sweep it. Two
+# per trip: 32K Sparse GQA prefill 14.25 -> 13.28 ms, 128K 77.6 -> 70.0 on the H100; with
+# the rescale every step, 12.24 / 65.0 (one call, `bench_attention.py`). The same pairing
+# in the dq and dK/dV walks lost (dq 10.2 -> 11.8 ms, dK/dV 22.5 -> 26.0 at head dim 128,
+# even at 64), so they take one step or tile per trip.
+FORWARD_PAIRED_STEPS = True
 
 
 def forward_launch(head_dim: int) -> dict[str, int]:
@@ -337,7 +354,9 @@ def fold_step(m, denom, acc, vis, v, s, PRECISION: tl.constexpr, UPCAST: tl.cons
     whether its program took the branch, only on its own visible keys (batch invariance
     holds as before), and a chunk's first step does not rescale. Either way the state
     (m, denom, acc) means sum_k exp2(s_k - m) (1, v_k), all that `merge_state` and
-    `finish_rows` read."""
+    `finish_rows` read. `RESCALE_ON_DEMAND` off (the default) rescales every step with
+    the slack reference: the rows that do not move multiply by exactly 1, so the bits are
+    those of the branch."""
     s = tl.where(vis, s, float("-inf"))
     top = tl.max(s, axis=1)
     if acc.shape[1] >= LAZY_RESCALE_MIN_DIM:
@@ -345,7 +364,11 @@ def fold_step(m, denom, acc, vis, v, s, PRECISION: tl.constexpr, UPCAST: tl.cons
         m_new = tl.where(moves, top, m)
         p = tl.exp2(s - m_new[:, None])
         psum = tl.sum(p, axis=1)
-        if tl.max((moves & (denom > 0)).to(tl.int32), axis=0) > 0:
+        if not RESCALE_ON_DEMAND:
+            alpha = tl.exp2(m - m_new)
+            denom = tl.fma(denom, alpha, psum)
+            acc = acc * alpha[:, None]
+        elif tl.max((moves & (denom > 0)).to(tl.int32), axis=0) > 0:
             alpha = tl.exp2(m - m_new)
             denom = tl.fma(denom, alpha, psum)  # explicit: every walk rounds it alike
             acc = acc * alpha[:, None]
@@ -410,6 +433,22 @@ def load_queries(Q, qrow, head, present, d, q_stride_n, q_stride_h, D: tl.conste
 
 
 @triton.jit
+def chunk_turn(
+    c, bound, m, denom, acc, mc, lc, accc, STEP: tl.constexpr, LOG_CHUNK: tl.constexpr,
+    LOG_PER_OCTAVE: tl.constexpr,
+):  # fmt: skip
+    """Before step c folds: if it reaches `bound` (the first step of the chunk after the
+    current one), the current chunk's state merges into the row's and restarts, and the
+    bound moves past c's chunk. Returns (bound, m, denom, acc, mc, lc, accc)."""
+    if c >= bound:
+        m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
+        mc, lc, accc = fresh_state(acc.shape[0], acc.shape[1])
+        c_chunk = chunk_of(c * STEP, LOG_CHUNK, LOG_PER_OCTAVE)
+        bound = chunk_first_step(c_chunk + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE)
+    return bound, m, denom, acc, mc, lc, accc
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, Out, LSE,
     q_stride_n, q_stride_h, k_stride_r, k_stride_g, o_stride_n, o_stride_h,
@@ -423,6 +462,7 @@ def _attn_fwd(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     HAS_GATE: tl.constexpr, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr,
+    PAIRED: tl.constexpr = False,
 ):  # fmt: skip
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
@@ -434,16 +474,36 @@ def _attn_fwd(
     # yet). Steps ascend, so a step starts a new chunk exactly when it reaches this bound:
     # the chunk rule runs once per chunk, not once per step.
     bound = first * 0 - 1
-    for i in range(first, last):
-        if SPARSE:
-            c = tl.load(step_ids + i)
-        else:
-            c = i
-        if c >= bound:  # a new chunk: merge the last one, restart
-            m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
-            mc, lc, accc = fresh_state(T * G, DP)
-            c_chunk = chunk_of(c * STEP, LOG_CHUNK, LOG_PER_OCTAVE)
-            bound = chunk_first_step(c_chunk + 1, STEP, LOG_CHUNK, LOG_PER_OCTAVE)
+    if PAIRED:
+        # two steps' loads and scores issued before either folds; folded in order, each
+        # after its own chunk turn, so the bits are those of one step at a time
+        for i in range(first, last - 1, 2):
+            vis0, k0, v0, s0 = visible_step(
+                i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits,
+                sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+                k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+            vis1, k1, v1, s1 = visible_step(
+                i + 1, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window,
+                sel_bits, sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table,
+                bt_stride, k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION)  # fmt: skip
+            c0, _ = step_positions(i, step_ids, SPARSE, STEP)
+            bound, m, denom, acc, mc, lc, accc = chunk_turn(
+                c0, bound, m, denom, acc, mc, lc, accc, STEP, LOG_CHUNK, LOG_PER_OCTAVE
+            )
+            mc, lc, accc = fold_step(mc, lc, accc, vis0, v0, s0, PRECISION, UPCAST)
+            c1, _ = step_positions(i + 1, step_ids, SPARSE, STEP)
+            bound, m, denom, acc, mc, lc, accc = chunk_turn(
+                c1, bound, m, denom, acc, mc, lc, accc, STEP, LOG_CHUNK, LOG_PER_OCTAVE
+            )
+            mc, lc, accc = fold_step(mc, lc, accc, vis1, v1, s1, PRECISION, UPCAST)
+        rest = first + (last - first) // 2 * 2  # the odd step left, if any
+    else:
+        rest = first
+    for i in range(rest, last):
+        c, _ = step_positions(i, step_ids, SPARSE, STEP)
+        bound, m, denom, acc, mc, lc, accc = chunk_turn(
+            c, bound, m, denom, acc, mc, lc, accc, STEP, LOG_CHUNK, LOG_PER_OCTAVE
+        )
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
@@ -529,7 +589,8 @@ def attention_forward(
         gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
         G=g, T=tiles.T, D=d, DP=next_pow2(d), STEP=step, PAGE=kv.page_size, BLK=block,
         SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        HAS_GATE=gate is not None, **chunk_constants(chunk), **forward_launch(d),
+        HAS_GATE=gate is not None, PAIRED=FORWARD_PAIRED_STEPS, **chunk_constants(chunk),
+        **forward_launch(d),
     )  # fmt: skip
     return out, lse
 

@@ -7,7 +7,8 @@ speed, and an engine and a trainer may differ in it without any mismatch:
 - `buffered` (default): scores to an fp32 buffer, then one program per row ranks it
   (`indexer.select_blocks`);
 - `streamed`: no buffer; a program per query tile recomputes its scores in a few passes
-  (`indexer_stream.select_blocks_streamed`).
+  (`indexer_stream.select_blocks_streamed`). On the H100 it is no faster (2.72 -> 3.71 ms
+  at 32K, 45.8 -> 45.2 at 128K), so it is not the default.
 """
 
 from __future__ import annotations

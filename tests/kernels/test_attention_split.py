@@ -37,6 +37,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (  # noqa: E402
     one_query_slots,
     splits_chunks,
 )
+from rlsys.kernels.triton_ops.common import interpreting  # noqa: E402
 from rlsys.kernels.triton_ops.indexer import select_blocks, union_steps  # noqa: E402
 from rlsys.kernels.triton_ops.softmax_chunks import (  # noqa: E402
     chunk_first,
@@ -93,6 +94,49 @@ def test_split_chunks_give_the_single_walks_bits(
     gated_split, _, _ = call(q[last], qi[last], dspans, split=True, gate=gate)
     assert torch.equal(gated_split, gated_walk)
     assert torch.equal(gated_split, (full[last] * gate[..., None]).to(full.dtype))
+
+
+# Options of the single walk that must not change its bits: the module attribute of each
+WALK_VARIANTS = {"paired-steps": "FORWARD_PAIRED_STEPS", "rescale-always": "RESCALE_ON_DEMAND"}
+
+
+@pytest.mark.parametrize("variant", sorted(WALK_VARIANTS))
+@pytest.mark.parametrize(("chunk", "per_octave"), [(CHUNK, 8), (16, 2)])
+@pytest.mark.parametrize("kind", ["swa", "sparse"])
+def test_walk_variants_give_the_walks_bits(
+    kind: str,
+    chunk: int,
+    per_octave: int,
+    variant: str,
+    monkeypatch: pytest.MonkeyPatch,
+    rescale_rule: str,
+) -> None:
+    """The single walk folding two steps per loop trip or one (`FORWARD_PAIRED_STEPS`), and
+    rescaling every step under the slack rule or on a tile-wide branch
+    (`RESCALE_ON_DEMAND`): the module's setting and its opposite give the same bits in
+    prefill and decode, with chunks small enough that a pair's second step often turns a
+    chunk, and walks of odd and even step counts."""
+    monkeypatch.setattr(attention_fwd, "CHUNKS_PER_OCTAVE", per_octave)
+    case = paged_case(LENGTHS, HKV, D, 32, BLK, IDX, DEV, seed=13)
+    n = sum(case.lengths)
+    q, qi = torch.randn(n, H, D).to(DEV), torch.randn(n, HKV, IDX).to(DEV)
+    call = functools.partial(_call, kind, case, chunk=chunk, split=False)
+    gate = torch.rand(n, H).to(DEV)
+    name = WALK_VARIANTS[variant]
+    default = getattr(attention_fwd, name)
+    if isinstance(default, tl.constexpr):
+        if not interpreting():
+            pytest.skip("a compile-time global: a compiled kernel cannot change it between calls")
+        value = tl.constexpr(not default.value)
+    else:
+        value = not default
+    for spans in (prefill_spans(case.lengths), decode_spans(case.lengths)):
+        rows = [r for sp in spans for r in range(sp.row, sp.row + sp.n)]
+        monkeypatch.setattr(attention_fwd, name, default)
+        one, one_lse, _ = call(q[rows], qi[rows], spans, gate=gate[rows])
+        monkeypatch.setattr(attention_fwd, name, value)
+        two, two_lse, _ = call(q[rows], qi[rows], spans, gate=gate[rows])
+        assert torch.equal(two, one) and torch.equal(two_lse, one_lse)
 
 
 def test_split_in_bf16_gives_the_single_walks_bits(rescale_rule: str) -> None:

@@ -50,7 +50,13 @@ def test_a_window_of_one_compiles() -> None:
     from rlsys.kernels.triton_ops.attention_fwd import chunk_constants
     from rlsys.kernels.triton_ops.offline import compile_resources
 
-    constants = {**geometry(64, False), **chunk_constants(256), "HAS_GATE": False, "window": 1}
+    constants = {
+        **geometry(64, False),
+        **chunk_constants(256),
+        "HAS_GATE": False,
+        "window": 1,
+        "PAIRED": False,
+    }
     used = compile_resources(
         "rlsys.kernels.triton_ops.attention_fwd:_attn_fwd", POINTERS, constants,
         forward_launch(64), 90, DIVISIBLE,
