@@ -47,7 +47,7 @@ def test_a_window_of_one_compiles() -> None:
     sliding window is 1 hands the SWA walk a constexpr `window`: the mask must not call a
     tensor method on it (`window.to(...)` failed to compile, found offline)."""
     from benchmarks.kernel_registers import DIVISIBLE, POINTERS, geometry
-    from rlsys.kernels.triton_ops.attention_fwd import chunk_constants
+    from rlsys.kernels.triton_ops.attention_fwd import FORWARD_PAIRED_STEPS, chunk_constants
     from rlsys.kernels.triton_ops.offline import compile_resources
 
     constants = {
@@ -55,7 +55,7 @@ def test_a_window_of_one_compiles() -> None:
         **chunk_constants(256),
         "HAS_GATE": False,
         "window": 1,
-        "PAIRED": False,
+        "PAIRED": FORWARD_PAIRED_STEPS,
     }
     used = compile_resources(
         "rlsys.kernels.triton_ops.attention_fwd:_attn_fwd", POINTERS, constants,
