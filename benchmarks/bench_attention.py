@@ -365,7 +365,14 @@ def main() -> None:
         default="on-demand" if attention_fwd.RESCALE_ON_DEMAND else "always",
         help="the slack rule's rescale: every step, or on a tile-wide branch (the same bits)",
     )  # fmt: skip
+    parser.add_argument(
+        "--contiguous-rows", choices=["on", "off"],
+        default="on" if attention_fwd.CONTIGUOUS_ROWS else "off",
+        help="packed K/V addressed from each sequence's first row, not the page table "
+        "(the same bits)",
+    )  # fmt: skip
     args = parser.parse_args()
+    attention_fwd.CONTIGUOUS_ROWS = args.contiguous_rows == "on"
     attention_fwd.FORWARD_PAIRED_STEPS = args.paired_steps == "on"
     # a compile-time global: set before the first launch compiles the walks
     attention_fwd.RESCALE_ON_DEMAND = tl.constexpr(args.rescale == "on-demand")
@@ -395,7 +402,7 @@ def main() -> None:
         f"; sparse step {SPARSE_STEP}, query tile {T}; softmax chunk {args.chunk}"
         f" ({args.per_octave} per octave), split {args.split}; indexer {args.indexer}"
         f"; paired steps {args.paired_steps}"
-        f"; rescale {args.rescale}"
+        f"; rescale {args.rescale}; contiguous rows {args.contiguous_rows}"
     )
     print(describe(device_peak()))
 

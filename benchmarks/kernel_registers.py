@@ -85,7 +85,8 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
     one_warp_slots = MMA_WARP_ROWS // int(geometry(d, True)["G"])  # type: ignore[call-overload]
     return [
         ("forward walk", f"{MODULE}.attention_fwd:_attn_fwd",
-         {**chunks, "HAS_GATE": True, "PAIRED": attention_fwd.FORWARD_PAIRED_STEPS},
+         {**chunks, "HAS_GATE": True, "PAIRED": attention_fwd.FORWARD_PAIRED_STEPS,
+          "CONTIG": attention_fwd.CONTIGUOUS_ROWS},
          forward_launch(d)),
         ("split part", f"{MODULE}.attention_split:_attn_fwd_part",
          {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": one_warp_slots},
@@ -94,7 +95,8 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
         ("split part, whole tile", f"{MODULE}.attention_split:_attn_fwd_part",
          {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": 0},
          forward_launch(d)),
-        ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq", {}, attention_bwd.DQ_LAUNCH),
+        ("backward dq", f"{MODULE}.attention_bwd:_attn_bwd_dq",
+         {"CONTIG": attention_fwd.CONTIGUOUS_ROWS}, attention_bwd.DQ_LAUNCH),
         ("backward dk dv", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {}, attention_bwd.DKV_LAUNCH),
         # the wide key chunk (`attention_bwd.DKV_KEYS`): 64 keys per program
         ("backward dk dv, 64 keys", f"{MODULE}.attention_bwd:_attn_bwd_dkv", {"STEP": 64},

@@ -58,6 +58,10 @@ class PagedKV:
 
     block_table: Tensor  # (S, max_pages) int32
     page_size: int
+    # every sequence's pages are consecutive rows, block_table[s, p] = block_table[s, 0] +
+    # p * page_size (`contiguous_table`): a kernel may address a key as its sequence's
+    # first row plus its position, without the table
+    contiguous: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,4 +109,4 @@ def contiguous_table(lengths: list[int], page_size: int, device: torch.device | 
     starts = torch.tensor([0, *lengths[:-1]], dtype=torch.int64).cumsum(0)
     table = starts[:, None] + torch.arange(max_pages)[None, :] * page_size
     (on_device,) = index_arrays_on(device, table)
-    return PagedKV(on_device, page_size)
+    return PagedKV(on_device, page_size, contiguous=True)

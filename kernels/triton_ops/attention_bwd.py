@@ -30,10 +30,12 @@ from rlsys.kernels.host_to_device import index_arrays_on
 from rlsys.kernels.sorting import stable_argsort
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
+    contiguous_rows,
     load_keys,
     no_selection,
     query_tile,
     row_visibility,
+    sequence_row0,
     step_keys,
     tile_rows,
     visible_step,
@@ -80,10 +82,12 @@ def _attn_bwd_dq(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    CONTIG: tl.constexpr = False,
 ):  # fmt: skip
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
     )
+    seq_row0 = sequence_row0(block_table, bt_stride, seq, CONTIG)
     q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
     do = _load_rows(DO, qrow, head, present, q_stride_n, q_stride_h, d, D)
     if UPCAST:
@@ -102,7 +106,8 @@ def _attn_bwd_dq(
         vis, k, v, s = visible_step(
             i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
-            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, GATHER=not SPARSE)  # fmt: skip
+            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, GATHER=not SPARSE, CONTIG=CONTIG,
+            seq_row0=seq_row0)  # fmt: skip
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
         dp = mma(do, tl.trans(v), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
@@ -200,11 +205,12 @@ def _block_mass(
     qk_scale,
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, CONTIG: tl.constexpr = False,
 ):  # fmt: skip
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, 0, T, G, DP, True, STEP
     )
+    seq_row0 = sequence_row0(block_table, bt_stride, seq, CONTIG)
     q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
     if UPCAST:
         q = q.to(tl.float32)
@@ -222,7 +228,10 @@ def _block_mass(
             i, step_ids, qpos, present, qrow, lo, hi, g, 0, sel_bits, sb_stride_n, sb_stride_g,
             True, STEP, BLK,
         )  # fmt: skip
-        k = load_keys(k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP)
+        k = load_keys(
+            k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP,
+            CONTIG=CONTIG, seq_row0=seq_row0,
+        )  # fmt: skip
         if UPCAST:
             k = k.to(tl.float32)
         s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
@@ -289,7 +298,7 @@ def attention_backward(
     _attn_bwd_dq[(tiles.n_tiles, hkv)](
         q, k, v, do, out, lse, delta, dq, *_common_args(q, k, tiles, kv),
         out.stride(0), out.stride(1), step_off, step_ids, bits, bits.stride(0), bits.stride(1),
-        scale * LOG2E, scale, window, **meta, **DQ_LAUNCH,
+        scale * LOG2E, scale, window, **meta, CONTIG=contiguous_rows(kv), **DQ_LAUNCH,
     )  # fmt: skip
     keys = dkv_keys or DKV_KEYS or step
     _check_dkv_keys(keys, step, kv.page_size, block, sparse is not None)
@@ -406,6 +415,7 @@ def block_mass(
         step_off, step_ids, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E,
         G=g, T=tiles.T, D=q.shape[2], DP=next_pow2(q.shape[2]), STEP=step, PAGE=kv.page_size,
-        BLK=block, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype), **MASS_LAUNCH,
+        BLK=block, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
+        CONTIG=contiguous_rows(kv), **MASS_LAUNCH,
     )  # fmt: skip
     return mass

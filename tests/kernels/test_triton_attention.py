@@ -292,3 +292,66 @@ def test_a_dkv_chunk_that_cannot_be_walked_is_refused_by_name(
     with pytest.raises(ValueError, match=f"dK/dV chunk of {keys} keys.*{reason}"):
         _check_dkv_keys(keys, 16, page, BLK, sparse)
     _check_dkv_keys(32, 16, 64, BLK, sparse)  # whole steps, in one page, 16 blocks
+
+
+@pytest.mark.parametrize("kind", ["swa", "sparse"])
+def test_contiguous_rows_give_the_page_tables_bits(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packed K/V (`contiguous_table`) addressed from each sequence's first row
+    (`attention_fwd.CONTIGUOUS_ROWS`) gives the page-table walks' bits: forward, dq and
+    dK/dV, and the block mass. And the flag is what decides the address: a table whose
+    pages are swapped but that claims to be contiguous is read as if it were."""
+    from dataclasses import replace
+
+    from rlsys.kernels.attention_plan import PagedKV
+    from rlsys.kernels.triton_ops import attention_fwd
+
+    lengths, page = [40, 7, 70], 32
+    q, k, v, do = _packed(lengths, seed=21)
+    kv = contiguous_table(lengths, page, DEV)
+    assert kv.contiguous
+    tiles = plan_tiles(prefill_spans(lengths), T, DEV)
+    kw: dict = {"window": WINDOW}
+    if kind == "sparse":
+        g = torch.Generator().manual_seed(22)
+        qi = torch.randn(sum(lengths), HKV, IDX, generator=g).to(DEV)
+        bkeys = torch.randn(sum(lengths), IDX, generator=g).to(DEV)
+        bkt = PagedKV(kv.block_table // BLK, page // BLK)
+        sel = select_blocks(qi, bkeys, tiles, bkt, topk_blocks=KSEL, block=BLK)
+        off, ids = union_steps(sel, tiles, block=BLK, step=16)
+        kw = {"sparse": (off, ids, sel.bits), "block": BLK}
+
+    def everything(
+        table: PagedKV, fwd: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """Forward, backward and block mass over `table` (the backward and the mass from
+        `fwd`'s output and LSE where given, so that each walk is checked on its own)."""
+        out, lse = attention_forward(q, k, v, tiles, table, scale=SCALE, step=16, **kw)
+        o, s = fwd if fwd is not None else (out, lse)
+        grads = attention_backward(do, q, k, v, o, s, tiles, table, lengths, scale=SCALE,
+                                   step=16, **kw)  # fmt: skip
+        got = [out, lse, *grads]
+        if kind == "sparse":
+            got.append(
+                block_mass(
+                    q, k, s, tiles, table, kw["sparse"], KSEL, scale=SCALE, step=16, block=BLK
+                )  # fmt: skip
+            )
+        return got
+
+    monkeypatch.setattr(attention_fwd, "CONTIGUOUS_ROWS", False)
+    want = everything(kv)
+    monkeypatch.setattr(attention_fwd, "CONTIGUOUS_ROWS", True)
+    got = everything(kv)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    # the third sequence's two pages swapped in the table: a paged walk follows the table,
+    # a walk told the rows are consecutive does not
+    swapped = kv.block_table.clone()
+    swapped[2, [0, 1]] = swapped[2, [1, 0]]
+    honest = everything(PagedKV(swapped, page))
+    lying = everything(replace(PagedKV(swapped, page), contiguous=True), fwd=honest[:2])
+    # the forward, dq (dK/dV reads its own keys once, by the table) and the block mass
+    # each address keys by the flag
+    for i in [0, 2] + ([5] if kind == "sparse" else []):
+        assert not torch.equal(honest[i], lying[i]), i
