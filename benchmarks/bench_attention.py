@@ -38,8 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if "--smoke" in sys.argv:  # before triton loads: it picks its driver on import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton.language as tl  # noqa: E402
-
 from benchmarks.device_peaks import describe, device_peak  # noqa: E402
 from rlsys.kernels.attention_plan import PagedKV, Span, contiguous_table, plan_tiles  # noqa: E402
 from rlsys.kernels.triton_ops import attention_fwd  # noqa: E402
@@ -374,8 +372,7 @@ def main() -> None:
     args = parser.parse_args()
     attention_fwd.CONTIGUOUS_ROWS = args.contiguous_rows == "on"
     attention_fwd.FORWARD_PAIRED_STEPS = args.paired_steps == "on"
-    # a compile-time global: set before the first launch compiles the walks
-    attention_fwd.RESCALE_ON_DEMAND = tl.constexpr(args.rescale == "on-demand")
+    attention_fwd.set_rescale_on_demand(args.rescale == "on-demand")  # before any launch
     attention_fwd.SOFTMAX_CHUNK = args.chunk
     attention_fwd.CHUNKS_PER_OCTAVE = args.per_octave
     if args.split != "auto":  # the split bounds opened wide (on) or shut (off)

@@ -116,6 +116,13 @@ FORWARD_PAIRED_STEPS = True
 CONTIGUOUS_ROWS = True
 
 
+def set_rescale_on_demand(on: bool) -> None:
+    """Set `RESCALE_ON_DEMAND` (a compile-time global: before the first launch compiles the
+    walks; a benchmark's switch, the bits are the same either way)."""
+    global RESCALE_ON_DEMAND
+    RESCALE_ON_DEMAND = tl.constexpr(on)
+
+
 def contiguous_rows(kv: PagedKV) -> bool:
     """Whether the walks address `kv`'s keys from each sequence's first row
     (`CONTIGUOUS_ROWS`, read now, and a table whose pages are consecutive rows)."""

@@ -44,25 +44,36 @@ SELECT_PER_THREAD = 64
 
 
 @triton.jit
-def _tile_rows(
-    QI, qi_stride_n, qi_stride_g, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
-    HKV: tl.constexpr, T: tl.constexpr, IDX: tl.constexpr, IDXP: tl.constexpr,
-    BLK: tl.constexpr, UPCAST: tl.constexpr,
+def _tile_places(
+    tile_slot0, tile_lo, tile_hi, tile_row, HKV: tl.constexpr, T: tl.constexpr
 ):  # fmt: skip
-    """This program's query tile: its sequence, the rows' index queries (M = T * HKV rows:
-    position slot0 + r // HKV, group r % HKV), complete past blocks per row, the blocks any
-    row reads (nb), output rows (query row * HKV + group), presence, and r."""
+    """Where this program's query tile's rows are (M = T * HKV rows: position
+    slot0 + r // HKV, group r % HKV): positions, presence, query rows, the tile's end
+    position, and r; nothing of the queries themselves is loaded."""
     tile = tl.program_id(0)
-    seq = tl.load(tile_seq + tile)
     slot0 = tl.load(tile_slot0 + tile)
     lo_pos = tl.load(tile_lo + tile)
     hi_pos = tl.load(tile_hi + tile)
     row0 = tl.load(tile_row + tile)
     r = tl.arange(0, T * HKV)
     qpos = slot0 + r // HKV
-    g = r % HKV
     present = (qpos >= lo_pos) & (qpos < hi_pos)
     qrow = tl.where(present, row0 + qpos - lo_pos, 0).to(tl.int64)
+    return qpos, present, qrow, hi_pos, r
+
+
+@triton.jit
+def _tile_rows(
+    QI, qi_stride_n, qi_stride_g, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    HKV: tl.constexpr, T: tl.constexpr, IDX: tl.constexpr, IDXP: tl.constexpr,
+    BLK: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """This program's query tile (`_tile_places`): its sequence, the rows' index queries,
+    complete past blocks per row, the blocks any row reads (nb), output rows (query row *
+    HKV + group), presence, and r."""
+    seq = tl.load(tile_seq + tl.program_id(0))
+    qpos, present, qrow, hi_pos, r = _tile_places(tile_slot0, tile_lo, tile_hi, tile_row, HKV, T)
+    g = r % HKV
     d = tl.arange(0, IDXP)
     qi = tl.load(
         QI + qrow[:, None] * qi_stride_n + g[:, None] * qi_stride_g + d[None, :],

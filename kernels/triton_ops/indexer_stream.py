@@ -52,6 +52,7 @@ from rlsys.kernels.triton_ops.indexer import (
     _count,
     _inclusive_rank,
     _order_key,
+    _tile_places,
     _tile_rows,
     _tile_scores,
     _value_of,
@@ -362,16 +363,8 @@ def _stream_ties(
     """Rows with a tied k-th key (rare: equal fp32 scores): the owed ties with the lowest
     block ids, added to the bitmap `_stream_bits` wrote. A tile without such rows reads
     its rows' state and ends."""
-    tile = tl.program_id(0)
-    slot0 = tl.load(tile_slot0 + tile)
-    lo_pos = tl.load(tile_lo + tile)
-    hi_pos = tl.load(tile_hi + tile)
-    row0 = tl.load(tile_row + tile)
-    r = tl.arange(0, T * HKV)
-    qpos = slot0 + r // HKV
-    present = (qpos >= lo_pos) & (qpos < hi_pos)
-    out_row = tl.where(present, row0 + qpos - lo_pos, 0).to(tl.int64) * HKV + r % HKV
-    state = STATE + out_row * 4
+    qpos, present, qrow, _, r = _tile_places(tile_slot0, tile_lo, tile_hi, tile_row, HKV, T)
+    state = STATE + (qrow * HKV + r % HKV) * 4
     n_lo = tl.load(state + 2, mask=present, other=KSEL)
     ranked = present & (qpos // BLK > KSEL) & (n_lo != KSEL)
     if tl.max(ranked.to(tl.int32), axis=0) > 0:
