@@ -68,6 +68,7 @@ ORDER = [
     "prefill_tile",
     "indexer_stream",
     "gpu_forward_walk",
+    "gpu_h200_rows",
     "ci_time",
 ]
 

@@ -69,6 +69,7 @@ from rlsys.engine.gc_freeze import freeze_startup_objects  # noqa: E402
 from rlsys.engine.runner import LaunchedStep  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
+from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
 from rlsys.model.decode_layout import StaticDecodeLayout  # noqa: E402
 
@@ -330,10 +331,21 @@ def main() -> None:
         help="collections after a step, never inside one, as the replica does "
         "(rlsys.engine.gc_steps; --no-gc-steps: the interpreter's thresholds)",
     )
+    parser.add_argument(
+        "--router-tile",
+        default="",
+        help="bm/bn/warps/stages: the fp32 router product's tile for this run (A/B of "
+        "linear.FP32_TILES; default: the table's choice)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
     cfg = preset(args.preset).with_overrides({"compute_dtype": "bfloat16"})
+    if args.router_tile:
+        bm, bn, warps, stages = (int(v) for v in args.router_tile.split("/"))
+        tile = lin.TileConfig(bn=bn, bk=64, warps=warps, stages=stages, bm=bm)
+        lin.FP32_TILES[(cfg.n_experts, cfg.d_model)] = tile
+    print(f"router tile: {lin.tile_for(cfg.n_experts, cfg.d_model, torch.float32)}")
     model = Transformer(cfg).cuda().eval()
     print(
         f"preset {args.preset}: {model.num_parameters():,} parameters "

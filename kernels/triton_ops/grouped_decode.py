@@ -170,7 +170,7 @@ def grouped_tree_rows(h_sorted: Tensor, w2: Tensor, offsets: Tensor, n_chunks: i
     assert w2.stride(-1) == 1
     out = torch.empty(h_sorted.shape[0], n, dtype=torch.float32, device=h_sorted.device)
     if h_sorted.shape[0]:
-        bk = lin.chunk_step(k // n_chunks, lin.tile_for(n, k).bk)
+        bk = lin.chunk_step(k // n_chunks, lin.tile_for(n, k, w2.dtype).bk)
         _grouped_tree_rows[(n_exp, triton.cdiv(n, BN))](
             h_sorted, w2, offsets, out, k, n,
             h_sorted.stride(0), w2.stride(0), w2.stride(1), out.stride(0),

@@ -47,13 +47,24 @@ class TileConfig:
     bk: int = 64
     warps: int = 4
     stages: int = 3
+    bm: int = 64  # rows per tile of a dense product; grouped products keep `BM` (tile tables)
+
+    def rows_per_tile(self, grouped: bool) -> int:
+        return BM if grouped else self.bm
 
 
 DEFAULT_TILE = TileConfig()
 TILES: dict[tuple[int, int], TileConfig] = {}  # (N, K) -> measured best (benchmarks/)
+# fp32 weights (exact `tl.dot`, FMA rather than tensor cores): the routers of the bf16
+# presets, (n_experts, d_model); `benchmarks/bench_router_product.py` measured them
+FP32_TILES: dict[tuple[int, int], TileConfig] = {}
 
 
-def tile_for(n: int, k: int) -> TileConfig:
+def tile_for(n: int, k: int, dtype: torch.dtype | None = None) -> TileConfig:
+    """The launch configuration of a product with an (N, K) weight of `dtype`: from the
+    weight alone, so the engine and the trainer (and every batch size) reduce alike."""
+    if dtype == torch.float32 and (n, k) in FP32_TILES:
+        return FP32_TILES[(n, k)]
     return TILES.get((n, k), DEFAULT_TILE)
 
 
@@ -290,7 +301,7 @@ def _launch(
 ) -> Tensor:
     check_device(x, w)
     k_dim = x.shape[1]
-    cfg = cfg or tile_for(n, k_dim)
+    cfg = cfg or tile_for(n, k_dim, w.dtype)
     m, k = x.shape
     assert k % nch == 0
     if m == 0:
@@ -303,7 +314,7 @@ def _launch(
         assert w3 is None or w3.stride() == w.stride()
     else:
         te = tr = tn = x  # unused
-        grid_m = triton.cdiv(m, BM)
+        grid_m = triton.cdiv(m, cfg.bm)
         sw_e, (sw_n, sw_k) = 0, w.stride()
     grid_n = triton.cdiv(n, cfg.bn)
     split = split_chosen(grid_m * grid_n, nch, x.device, schedule)
@@ -315,7 +326,8 @@ def _launch(
         x, w, w3 if w3 is not None else w, out, parts, m, n, k, m * n,
         x.stride(0), x.stride(1), sw_e, sw_n, sw_k, out.stride(0), out.stride(1),
         te, tr, tn,
-        NCH=nch, GROUPED=grouped, SWIGLU=swiglu, SPLIT=split, BM=BM, BN=cfg.bn, BK=bk,
+        NCH=nch, GROUPED=grouped, SWIGLU=swiglu, SPLIT=split, BM=cfg.rows_per_tile(grouped),
+        BN=cfg.bn, BK=bk,
         EVEN=(k // nch) % bk == 0,
         UPCAST=interpreting(), PRECISION=dot_precision(w.dtype),
         num_warps=cfg.warps, num_stages=cfg.stages,

@@ -69,7 +69,11 @@ def triton_computes(kind: str, w: Tensor) -> bool:
 
 
 def partial_products(
-    x: Tensor, w: Tensor, nch: int, tiles: tuple[Tensor, Tensor, Tensor] | None = None
+    x: Tensor,
+    w: Tensor,
+    nch: int,
+    tiles: tuple[Tensor, Tensor, Tensor] | None = None,
+    cfg: lin.TileConfig | None = None,
 ) -> Partials:
     """The K-chunk products of x (M, K) @ w (N, K).T (w (E, N, K) with `tiles`, rows sorted
     by expert), `nch` chunks, as `linear` computes them (see module doc)."""
@@ -77,7 +81,7 @@ def partial_products(
     m, k = x.shape
     n = w.shape[-2]
     assert k % nch == 0
-    cfg = lin.tile_for(n, k)
+    cfg = cfg or lin.tile_for(n, k, w.dtype)
     grouped = tiles is not None
     if grouped:
         te, tr, tn = tiles
@@ -85,7 +89,7 @@ def partial_products(
         sw_e, sw_n, sw_k = w.stride()
     else:
         te = tr = tn = x  # unused
-        grid_m = triton.cdiv(m, lin.BM)
+        grid_m = triton.cdiv(m, cfg.bm)
         sw_e, (sw_n, sw_k) = 0, w.stride()
     grid_n = triton.cdiv(n, cfg.bn)
     split = lin.split_chosen(grid_m * grid_n, nch, x.device)
@@ -98,7 +102,8 @@ def partial_products(
         x, w, w, out, p, m, n, k, m * n,
         x.stride(0), x.stride(1), sw_e, sw_n, sw_k, out.stride(0), out.stride(1),
         te, tr, tn,
-        NCH=nch, GROUPED=grouped, SWIGLU=False, SPLIT=split, BM=lin.BM, BN=cfg.bn, BK=bk,
+        NCH=nch, GROUPED=grouped, SWIGLU=False, SPLIT=split, BM=cfg.rows_per_tile(grouped),
+        BN=cfg.bn, BK=bk,
         EVEN=(k // nch) % bk == 0,
         UPCAST=interpreting(), PRECISION=dot_precision(w.dtype),
         num_warps=cfg.warps, num_stages=cfg.stages,

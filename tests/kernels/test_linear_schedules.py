@@ -103,3 +103,42 @@ def test_the_tree_width_depends_on_k_alone_and_a_bad_schedule_is_named() -> None
     with pytest.raises(ValueError, match="'parallel'"):
         split_chosen(4, 8, torch.device(DEV), "parallel")
     assert not split_chosen(4, 1, torch.device(DEV), "split")  # one chunk: nothing to split
+
+
+@pytest.mark.parametrize("tile", [(16, 32, 2), (32, 16, 1)])
+def test_an_fp32_weights_own_tile_serves_every_path_and_batch(
+    tile: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fp32 weight's registered tile (`FP32_TILES`: the routers, rows per tile other than
+    64) is the one the column product, its split and serial schedules and the decode path's
+    unreduced chunk products (`partial_products`) all launch, so a row has one value for
+    every batch size and every consumer; a bf16 weight of the same shape keeps the default."""
+    from rlsys.kernels.triton_ops import linear as lin
+    from rlsys.kernels.triton_ops.partials import partial_products
+
+    bm, bn, warps = tile
+    k, n = 512, 24
+    cfg = lin.TileConfig(bn=bn, bk=64, warps=warps, stages=2, bm=bm)
+    monkeypatch.setitem(lin.FP32_TILES, (n, k), cfg)
+    assert lin.tile_for(n, k, torch.float32) is cfg
+    assert lin.tile_for(n, k, torch.bfloat16) is lin.DEFAULT_TILE
+    w = _rand(n, k, dtype=torch.float32)
+    x = _rand(37, k, dtype=torch.bfloat16).float()  # rows spanning several 16-row tiles
+    launched: list[int] = []
+    real = lin._matmul
+
+    class Spy:  # records the rows per tile of each launch, then launches
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                launched.append(kwargs["BM"])
+                return real[grid](*args, **kwargs)
+
+            return run
+
+    monkeypatch.setattr(lin, "_matmul", Spy())
+    serial = linear_fwd(x, w, schedule="serial")
+    assert torch.equal(linear_fwd(x, w, schedule="split"), serial)
+    assert torch.equal(partial_products(x, w, column_chunks(k)).reduced(), serial)
+    assert torch.equal(linear_fwd(x[20:21], w), serial[20:21])  # one row: its own tile
+    assert launched == [bm] * 4
+    torch.testing.assert_close(serial, x @ w.T, atol=1e-3, rtol=1e-4)
