@@ -1,7 +1,7 @@
 """Tile configurations of the fp32 router product (the MoE's x @ router.T), on the GPU.
 
 Usage: python benchmarks/bench_router_product.py [--shapes 32x1024,16x512,64x2048]
-       [--rows 1,64,256,16384]
+       [--rows 1,64,256,16384] [--offline]
 
 The router's weight is fp32, so its invariant product runs on `tl.dot` in exact fp32 (FMA,
 no tensor cores): at decode sizes it is `partial_products`' split schedule (one program per
@@ -12,11 +12,16 @@ its table ends with the configuration with the lowest decode time, which is what
 `linear.FP32_TILES` should hold. "bits" says whether a configuration's product equals the
 default configuration's bitwise (informational: any shape-only choice keeps engine and
 trainer equal). Each time is one launch's share of a CUDA graph of `--launches` launches.
+
+`--offline` (no GPU: `kernels/triton_ops/offline.py`) compiles each configuration's split
+program for sm_90 instead and prints its registers, spilled stack, SASS instructions, FMAs,
+and the programs a launch runs at each decode row count: a screen before device time.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
+from rlsys.kernels.triton_ops.offline import compile_resources, compile_sass  # noqa: E402
 from rlsys.kernels.triton_ops.partials import partial_products  # noqa: E402
 
 CONFIGS = [
@@ -96,17 +102,60 @@ def sweep(n: int, k: int, rows: list[int], launches: int) -> None:
     print(f"best {n}x{k}: {c.bm} {c.bn} {c.warps} {c.stages}")
 
 
+def offline(n: int, k: int, rows: list[int]) -> None:
+    """One shape's configurations compiled for sm_90 (the split schedule's program, as the
+    decode launch specialises it: fp32 weight, bf16 rows, exact `tl.dot`)."""
+    nch = lin.column_chunks(k)
+    decode = [m for m in rows if m <= 256]
+    print(f"\nfp32 weight N={n} K={k}, {nch} K chunks, sm_90 (offline)")
+    print(
+        "| bm | bn | warps | stages | registers | stack B | SASS | FFMA | FFMA per thread | "
+        + " | ".join(f"programs at M={m}" for m in decode)
+        + " |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(decode))
+    types = {"X": "*bf16", "W": "*fp32", "W3": "*fp32", "Y": "*fp32", "P": "*fp32"}
+    types.update(dict.fromkeys(("tile_expert", "tile_row0", "tile_rows"), "*i32"))
+    for cfg in CONFIGS:
+        bk = lin.chunk_step(k // nch, cfg.bk)
+        consts = {
+            "NCH": nch, "GROUPED": False, "SWIGLU": False, "SPLIT": True, "BM": cfg.bm,
+            "BN": cfg.bn, "BK": bk, "EVEN": (k // nch) % bk == 0, "UPCAST": False,
+            "PRECISION": "ieee",
+        }  # fmt: skip
+        opts = {"num_warps": cfg.warps, "num_stages": cfg.stages}
+        args = (f"{lin.__name__}:_matmul", types, consts, opts)
+        aligned = ("K", "MN", "sx_m", "sw_n")
+        res = compile_resources(*args, divisible=aligned)
+        sass = compile_sass(*args, divisible=aligned)
+        code = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([A-Z][A-Z0-9_.]*)", sass)
+        ffma = sum(op.startswith("FFMA") for op in code)
+        programs = [-(-m // cfg.bm) * -(-n // cfg.bn) * nch for m in decode]
+        print(
+            f"| {cfg.bm} | {cfg.bn} | {cfg.warps} | {cfg.stages} | {res.registers} | {res.stack} "
+            f"| {len(code)} | {ffma} | {cfg.bm * cfg.bn * bk // (32 * cfg.warps)} | "
+            + " | ".join(str(p) for p in programs)
+            + " |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="32x1024,16x512,64x2048", help="N x K, fp32 weights")
     parser.add_argument("--rows", default="1,64,256,16384")
     parser.add_argument("--launches", type=int, default=40)
+    parser.add_argument("--offline", action="store_true", help="compile for sm_90, no GPU")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    print(torch.cuda.get_device_name())
+    if not args.offline:
+        print(torch.cuda.get_device_name())
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
-        sweep(n, k, rows, args.launches)
+        if args.offline:
+            offline(n, k, rows)
+        else:
+            sweep(n, k, rows, args.launches)
 
 
 if __name__ == "__main__":

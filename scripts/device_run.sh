@@ -6,6 +6,9 @@
 #   kern      the attention-kernel and model Triton-path tests only
 #   tp        the NCCL tensor-parallel test and the engine/trainer GPU tests
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
+#   router    the fp32 router product's tiles (benchmarks/bench_router_product.py, ROUTER_SHAPES),
+#             then bench_engine_gpu.py at batch 64 and 1 with the default tile and the sweep's
+#             best (--router-tile), on one warm card (ROUTER_PRESET must own the first shape)
 #   istream   the streamed indexer selection: its tests, then bench_indexer.py buffered (saved)
 #             and streamed (compared bitwise), bitmap only, 32K and 128K (ISTREAM_ARGS)
 #   graphs    the CUDA-graph decode and activation-checkpointing tests, and the GPU tests
@@ -125,6 +128,16 @@ for step in "$@"; do
         tests/model/test_triton_path.py tests/kernels/test_host_to_device.py \
         tests/kernels/test_indexer_search.py tests/kernels/test_indexer_stream.py \
         2>&1 | tee "$OUT/kern.log" | tail -15 ;;
+    router)
+      timeout "${ROUTER_TIMEOUT:-120}" python3 benchmarks/bench_router_product.py \
+        --shapes "${ROUTER_SHAPES:-32x1024}" --rows 1,64,16384 2>&1 | grep -v Warn | tee "$OUT/router.log"
+      best=$(grep '^best' "$OUT/router.log" | head -1 | cut -d: -f2 | xargs | tr ' ' '/')
+      for tile in 64/64/4/3 $best; do
+        timeout "${ROUTER_ENGINE_TIMEOUT:-150}" python3 benchmarks/bench_engine_gpu.py \
+          --preset "${ROUTER_PRESET:-large}" --batches 64,1 --prompts 4096 --graphs on \
+          --kernels invariant --router-tile "$tile" 2>&1 | grep -E "^\| inv|router tile" \
+          | tee -a "$OUT/router.log"
+      done ;;
     istream)
       timeout "${ISTREAM_TIMEOUT:-400}" bash -c "python3 -m pytest -q -p no:cacheprovider \
         -o addopts= tests/kernels/test_indexer_stream.py 2>&1 | tail -3
