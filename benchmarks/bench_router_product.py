@@ -11,7 +11,8 @@ for the engine and the trainer, so a change of bits is shared by both), so for e
 its table ends with the configuration with the lowest decode time, which is what
 `linear.FP32_TILES` should hold. "bits" says whether a configuration's product equals the
 default configuration's bitwise (informational: any shape-only choice keeps engine and
-trainer equal). Each time is one launch's share of a CUDA graph of `--launches` launches.
+trainer equal). Each time is one launch's share of a CUDA graph of `--launches` launches
+(the median of 5 replays).
 
 `--offline` (no GPU: `kernels/triton_ops/offline.py`) compiles each configuration's split
 program for sm_90 instead and prints its registers, spilled stack, SASS instructions, FMAs,
@@ -29,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_linear_schedules import graph_us  # noqa: E402
 from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
 from rlsys.kernels.triton_ops.offline import compile_resources, compile_sass  # noqa: E402
 from rlsys.kernels.triton_ops.partials import partial_products  # noqa: E402
@@ -41,31 +43,6 @@ CONFIGS = [
         (32, 32, 4, 2), (16, 32, 2, 2),
     ]
 ]  # fmt: skip
-
-
-def graph_us(fn, launches: int) -> float:
-    """Microseconds per call of `fn`, replayed as one CUDA graph of `launches` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / launches)
-    return best
 
 
 def sweep(n: int, k: int, rows: list[int], launches: int) -> None:
@@ -85,7 +62,7 @@ def sweep(n: int, k: int, rows: list[int], launches: int) -> None:
             out = partial_products(xs[m], w, nch, cfg=cfg).reduced()
             same &= bool(torch.equal(out, ref[m]))
             cells.append(
-                graph_us(lambda m=m, cfg=cfg: partial_products(xs[m], w, nch, cfg=cfg), launches)
+                graph_us(lambda m=m, cfg=cfg: partial_products(xs[m], w, nch, cfg=cfg), launches, 5)
             )
         decode = sum(us for m, us in zip(rows, cells, strict=True) if m <= 256)
         if best is None or decode < best[0]:
