@@ -49,6 +49,12 @@ class TileConfig:
     stages: int = 3
     bm: int = 64  # rows per tile of a dense product; grouped products keep `BM` (tile tables)
 
+    def __post_init__(self) -> None:
+        for name in ("bm", "bn", "bk"):  # `tl.dot` takes powers of two from 16
+            size = getattr(self, name)
+            if size < 16 or size & (size - 1):
+                raise ValueError(f"TileConfig.{name}={size}: must be a power of two >= 16")
+
     def rows_per_tile(self, grouped: bool) -> int:
         return BM if grouped else self.bm
 
@@ -56,7 +62,8 @@ class TileConfig:
 DEFAULT_TILE = TileConfig()
 TILES: dict[tuple[int, int], TileConfig] = {}  # (N, K) -> measured best (benchmarks/)
 # fp32 weights (exact `tl.dot`, FMA rather than tensor cores): the routers of the bf16
-# presets, (n_experts, d_model); `benchmarks/bench_router_product.py` measured them
+# presets, (n_experts, d_model). `benchmarks/bench_router_product.py` times candidates; a
+# shape gets an entry only once a tile has been timed faster on the GPU (none yet)
 FP32_TILES: dict[tuple[int, int], TileConfig] = {}
 
 

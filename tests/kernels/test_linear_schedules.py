@@ -142,3 +142,12 @@ def test_an_fp32_weights_own_tile_serves_every_path_and_batch(
     assert torch.equal(linear_fwd(x[20:21], w), serial[20:21])  # one row: its own tile
     assert launched == [bm] * 4
     torch.testing.assert_close(serial, x @ w.T, atol=1e-3, rtol=1e-4)
+
+
+def test_a_tile_that_tl_dot_cannot_take_is_named() -> None:
+    from rlsys.kernels.triton_ops.linear import TileConfig
+
+    with pytest.raises(ValueError, match="bm=8"):
+        TileConfig(bm=8)
+    with pytest.raises(ValueError, match="bn=48"):
+        TileConfig(bn=48)
