@@ -13,6 +13,8 @@ interpreter, kernels are not compilable objects); nothing is launched. Arguments
 specialised as a launch specialises them: every pointer, and the integers the caller names
 (strides that are multiples of 16 at run time), divisible by 16. Without that, Triton cannot
 prove the K/V rows' loads vectorisable and leaves them unpipelined: a different kernel. The
+`tl.constexpr` parameters a request does not name compile at their defaults, as a launch
+that omits them does (`_launch_constexprs`); one without a default is an error. The
 figures are this Triton version's; a device with another version may allocate a few
 registers differently.
 """
@@ -115,6 +117,22 @@ def _run_child(
     return done.stdout
 
 
+def _launch_constexprs(kernel: str, params: list[Any], named: dict[str, Any]) -> dict[str, Any]:
+    """The compile-time arguments as a launch gives them: the named ones, and every other
+    `tl.constexpr` parameter at its default (a launch that omits it compiles it so). A
+    constexpr left out of the signature would compile as a runtime integer, both sides of
+    each branch on it kept: other registers, other SASS, and no error. One without a
+    default is named as missing."""
+    consts = dict(named)
+    for p in params:
+        if not p.is_constexpr or p.name in consts:
+            continue
+        if not p.has_default:
+            raise ValueError(f"offline compile of {kernel}: constexpr {p.name} not given")
+        consts[p.name] = p.default
+    return consts
+
+
 def _compile_in_this_process(request: dict[str, Any], arch: int) -> str:
     import importlib
 
@@ -124,7 +142,7 @@ def _compile_in_this_process(request: dict[str, Any], arch: int) -> str:
 
     module, name = request["kernel"].split(":")
     fn = getattr(importlib.import_module(module), name)
-    consts = request["constexprs"]
+    consts = _launch_constexprs(request["kernel"], fn.params, request["constexprs"])
     signature = {
         a: "constexpr" if a in consts else request["types"].get(a, "i32") for a in fn.arg_names
     }

@@ -96,3 +96,31 @@ def test_the_dq_walk_compiles_for_sm90_without_spilling(d: int, sparse: bool) ->
     # its O rows: 100 / 164 registers at head dim 64 / 128 (99 / 140 before), no spill
     used = resources("backward dq", d, sparse)
     assert used.registers > 0 and used.stack == 0, used
+
+
+def test_an_unnamed_defaulted_constexpr_compiles_at_its_default() -> None:
+    """A launch that omits a defaulted constexpr compiles it at its default; the offline
+    compile must too (left out of its signature, it would compile as a runtime integer with
+    both branches, and every figure read from it would be another kernel's)."""
+    from rlsys.kernels.triton_ops.offline import _launch_constexprs, compile_sass
+
+    kernel = "tests.kernels.offline_cases:branchy"
+    options = {"num_warps": 4, "num_stages": 1}
+
+    def count(consts: dict) -> int:
+        sass = compile_sass(kernel, {"X": "*fp32"}, consts, options)
+        return sum(1 for line in sass.splitlines() if "/*0" in line and ";" in line)
+
+    light, heavy, unnamed = count({"HEAVY": False}), count({"HEAVY": True}), count({})
+    assert heavy > light  # the two branches compile apart
+    assert unnamed == light
+    with pytest.raises(ValueError, match="constexpr NEEDED not given"):
+        _launch_constexprs(kernel, [_Required()], {})
+
+
+class _Required:
+    """A `tl.constexpr` parameter without a default, as `JITFunction.params` lists one."""
+
+    name = "NEEDED"
+    is_constexpr = True
+    has_default = False
