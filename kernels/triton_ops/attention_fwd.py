@@ -395,13 +395,9 @@ def fold_step(m, denom, acc, vis, v, s, PRECISION: tl.constexpr, UPCAST: tl.cons
         p = tl.exp2(s - m_new[:, None])
         psum = tl.sum(p, axis=1)
         if not RESCALE_ON_DEMAND:
-            alpha = tl.exp2(m - m_new)
-            denom = tl.fma(denom, alpha, psum)
-            acc = acc * alpha[:, None]
+            denom, acc = _rescaled(m, m_new, denom, psum, acc)
         elif tl.max((moves & (denom > 0)).to(tl.int32), axis=0) > 0:
-            alpha = tl.exp2(m - m_new)
-            denom = tl.fma(denom, alpha, psum)  # explicit: every walk rounds it alike
-            acc = acc * alpha[:, None]
+            denom, acc = _rescaled(m, m_new, denom, psum, acc)
         else:
             denom = denom + psum
         acc = acc + mma(p.to(v.dtype), v, PRECISION, UPCAST)
@@ -412,6 +408,14 @@ def fold_step(m, denom, acc, vis, v, s, PRECISION: tl.constexpr, UPCAST: tl.cons
         denom = denom * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PRECISION, UPCAST)
     return m_new, denom, acc
+
+
+@triton.jit
+def _rescaled(m, m_new, denom, psum, acc):
+    """(denom, acc) moved from reference m to m_new, the step's row sums added: an explicit
+    FMA, so every walk rounds it alike."""
+    alpha = tl.exp2(m - m_new)
+    return tl.fma(denom, alpha, psum), acc * alpha[:, None]
 
 
 @triton.jit
