@@ -69,6 +69,7 @@ from rlsys.engine.gc_freeze import freeze_startup_objects  # noqa: E402
 from rlsys.engine.runner import LaunchedStep  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
+from rlsys.kernels.triton_ops import attention_split  # noqa: E402
 from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
 from rlsys.model.decode_layout import StaticDecodeLayout  # noqa: E402
@@ -337,6 +338,12 @@ def main() -> None:
         help="bm/bn/warps/stages: the fp32 router product's tile for this run (A/B of "
         "linear.FP32_TILES; default: the table's choice)",
     )
+    parser.add_argument(
+        "--merge-in-part",
+        default="",
+        help="comma list: off, on: the split decode's chunk merge in its part walk "
+        "(attention_split.MERGE_IN_PART; default: the module's setting)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -362,9 +369,19 @@ def main() -> None:
     print(
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
-    for kernels, prompt in (
-        (k, int(p)) for k in args.kernels.split(",") for p in args.prompts.split(",")
+    merges = [m == "on" for m in args.merge_in_part.split(",")] if args.merge_in_part else [None]
+    for merge, kernels, prompt in (
+        (m, k, int(p))
+        for m in merges
+        for k in args.kernels.split(",")
+        for p in args.prompts.split(",")
     ):
+        if merge is not None:
+            attention_split.MERGE_IN_PART = merge
+        label_k = (
+            kernels if merge is None else f"{kernels}, merge in part {'on' if merge else 'off'}"
+        )
+
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
                 for graphs, overlap in (
@@ -374,7 +391,7 @@ def main() -> None:
                 ):
                     label = f"{graphs}{' + overlap' if overlap else ''}"
                     for batch in (int(b) for b in args.batches.split(",")):
-                        head = f"| {kernels} | {tp} | {reduce} | {label} | {batch} | {prompt} "
+                        head = f"| {label_k} | {tp} | {reduce} | {label} | {batch} | {prompt} "
                         if time.perf_counter() - started > args.budget_s:
                             print(head + "| skipped (budget) |")
                             continue
