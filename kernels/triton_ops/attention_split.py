@@ -272,25 +272,26 @@ def _attn_merge(
 # than a second launch: read at call time, so a benchmark and a test can set it.
 MERGE_IN_PART = False
 
-# per device: an int32 counter per (tile, group), all 0 between launches (each launch's
-# merging programs set theirs back); grown in eager calls, which precede a graph's capture
-_MERGE_COUNTERS: dict[torch.device, Tensor] = {}
+# Per device, every counter buffer made so far, the last the largest: an int32 counter per
+# (tile, group), each 0 between launches (a launch's merging programs set theirs back). None
+# is ever freed: a captured CUDA graph holds a buffer's address, not the tensor, so a freed
+# one would be another tensor's memory at the graph's next replay.
+_MERGE_COUNTERS: dict[torch.device, list[Tensor]] = {}
+MERGE_COUNTERS_MIN = 256  # the first buffer's counters (a 64 x 4K decode step uses 256)
 
 
 def merge_counters(device: torch.device, n: int) -> Tensor:
-    """At least n zeroed counters for `_attn_fwd_part`'s merge on `device`. Launches that
-    share them must not overlap (the engine's decode steps run on one stream). Growing them
-    inside a graph capture allocates from the graph's pool and zeroes them in the graph
-    (replayed each time), without keeping them here."""
-    have = _MERGE_COUNTERS.get(device)
-    if have is not None and have.numel() >= n:
-        return have
+    """At least n zeroed counters for `_attn_fwd_part`'s merge on `device`, kept for the
+    process's life. Launches that share them must not overlap (the engine's decode steps run
+    on one stream). Made inside a graph capture (the eager warm-up that precedes one
+    normally makes them), their zeroing is part of the graph, before its first use."""
+    made = _MERGE_COUNTERS.setdefault(device, [])
+    if made and made[-1].numel() >= n:
+        return made[-1]
     with torch.inference_mode(False):
-        fresh = torch.zeros(max(n, 2 * (have.numel() if have is not None else 0)),
-                            dtype=torch.int32, device=device)  # fmt: skip
-    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-        _MERGE_COUNTERS[device] = fresh
-    return fresh
+        size = max(n, 2 * made[-1].numel() if made else MERGE_COUNTERS_MIN)
+        made.append(torch.zeros(size, dtype=torch.int32, device=device))
+    return made[-1]
 
 
 # What the one-warp part walk's launch sets over the whole tile's (`forward_launch`), e.g. a
