@@ -335,8 +335,8 @@ def main() -> None:
     parser.add_argument(
         "--router-tile",
         default="",
-        help="bm/bn/warps/stages: the fp32 router product's tile for this run (A/B of "
-        "linear.FP32_TILES; default: the table's choice)",
+        help="comma list of bm/bn/warps/stages: the fp32 router product's tile, one set of "
+        "rows each (A/B of linear.FP32_TILES; default: the table's choice)",
     )
     parser.add_argument(
         "--merge-in-part",
@@ -348,11 +348,8 @@ def main() -> None:
     started = time.perf_counter()
     torch.manual_seed(0)
     cfg = preset(args.preset).with_overrides({"compute_dtype": "bfloat16"})
-    if args.router_tile:
-        bm, bn, warps, stages = (int(v) for v in args.router_tile.split("/"))
-        tile = lin.TileConfig(bn=bn, bk=64, warps=warps, stages=stages, bm=bm)
-        lin.FP32_TILES[(cfg.n_experts, cfg.d_model)] = tile
-    print(f"router tile: {lin.tile_for(cfg.n_experts, cfg.d_model, torch.float32)}")
+    router = (cfg.n_experts, cfg.d_model)
+    tiles = [router_tile(t) for t in args.router_tile.split(",")] if args.router_tile else [None]
     model = Transformer(cfg).cuda().eval()
     print(
         f"preset {args.preset}: {model.num_parameters():,} parameters "
@@ -370,17 +367,22 @@ def main() -> None:
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     merges = [m == "on" for m in args.merge_in_part.split(",")] if args.merge_in_part else [None]
-    for merge, kernels, prompt in (
-        (m, k, int(p))
+    for tile, merge, kernels, prompt in (
+        (t, m, k, int(p))
+        for t in tiles
         for m in merges
         for k in args.kernels.split(",")
         for p in args.prompts.split(",")
     ):
+        if tile is not None:
+            lin.FP32_TILES[router] = tile
         if merge is not None:
             attention_split.MERGE_IN_PART = merge
-        label_k = (
-            kernels if merge is None else f"{kernels}, merge in part {'on' if merge else 'off'}"
-        )
+        label_k = kernels
+        if tile is not None:
+            label_k += f", router {tile.bm}/{tile.bn}/{tile.warps}/{tile.stages}"
+        if merge is not None:
+            label_k += f", merge in part {'on' if merge else 'off'}"
 
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
@@ -400,6 +402,12 @@ def main() -> None:
                             overlap,
                         )  # fmt: skip
                         print(head + row, flush=True)
+
+
+def router_tile(spec: str) -> lin.TileConfig:
+    """`--router-tile`'s bm/bn/warps/stages as a tile (K step 64, the dense default)."""
+    bm, bn, warps, stages = (int(v) for v in spec.split("/"))
+    return lin.TileConfig(bn=bn, bk=64, warps=warps, stages=stages, bm=bm)
 
 
 def measure(  # noqa: PLR0913
