@@ -69,7 +69,6 @@ from rlsys.engine.gc_freeze import freeze_startup_objects  # noqa: E402
 from rlsys.engine.runner import LaunchedStep  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
-from rlsys.kernels.triton_ops import attention_split  # noqa: E402
 from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
 from rlsys.model.decode_layout import StaticDecodeLayout  # noqa: E402
@@ -338,12 +337,6 @@ def main() -> None:
         help="comma list of bm/bn/warps/stages: the fp32 router product's tile, one set of "
         "rows each (A/B of linear.FP32_TILES; default: the table's choice)",
     )
-    parser.add_argument(
-        "--merge-in-part",
-        default="",
-        help="comma list: off, on: the split decode's chunk merge in its part walk "
-        "(attention_split.MERGE_IN_PART; default: the module's setting)",
-    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -366,23 +359,17 @@ def main() -> None:
     print(
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
-    merges = [m == "on" for m in args.merge_in_part.split(",")] if args.merge_in_part else [None]
-    for tile, merge, kernels, prompt in (
-        (t, m, k, int(p))
+    for tile, kernels, prompt in (
+        (t, k, int(p))
         for t in tiles
-        for m in merges
         for k in args.kernels.split(",")
         for p in args.prompts.split(",")
     ):
         if tile is not None:
             lin.FP32_TILES[router] = tile
-        if merge is not None:
-            attention_split.MERGE_IN_PART = merge
         label_k = kernels
         if tile is not None:
             label_k += f", router {tile.bm}/{tile.bn}/{tile.warps}/{tile.stages}"
-        if merge is not None:
-            label_k += f", merge in part {'on' if merge else 'off'}"
 
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:

@@ -52,7 +52,6 @@ POINTERS = {
             "seq_ntiles",
             "inv_off",
             "inv_tiles",
-            "COUNT",
         ),
         "*i32",
     ),  # fmt: skip
@@ -91,11 +90,6 @@ def kernels(d: int) -> list[tuple[str, str, dict[str, object], dict[str, int]]]:
          forward_launch(d)),
         ("split part", f"{MODULE}.attention_split:_attn_fwd_part",
          {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": one_warp_slots},
-         one_warp_launch(d)),
-        # ... merging the chunks in its last program (`attention_split.MERGE_IN_PART`)
-        ("split part, merging", f"{MODULE}.attention_split:_attn_fwd_part",
-         {**chunks, "SCAN": 128, "ONE_ROW": True, "SUB": one_warp_slots, "MERGE": True,
-          "HAS_GATE": True},
          one_warp_launch(d)),
         # ... and with fewer than ONE_WARP_MIN_PROGRAMS part programs: the whole tile
         ("split part, whole tile", f"{MODULE}.attention_split:_attn_fwd_part",

@@ -8,8 +8,7 @@
 #   attn      benchmarks/bench_attention.py at the deep-92 shape
 #   router    the fp32 router product's tiles (benchmarks/bench_router_product.py, ROUTER_SHAPES),
 #             then bench_engine_gpu.py at batch 64 and 1 with the default tile and the sweep's
-#             best (--router-tile), in one process (ROUTER_PRESET must own the first shape);
-#             ROUTER_MERGE=off,on: each tile also with the split decode's merge in its part walk
+#             best (--router-tile), in one process (ROUTER_PRESET must own the first shape)
 #   istream   the streamed indexer selection: its tests, then bench_indexer.py buffered (saved)
 #             and streamed (compared bitwise), bitmap only, 32K and 128K (ISTREAM_ARGS)
 #   graphs    the CUDA-graph decode and activation-checkpointing tests, and the GPU tests
@@ -133,11 +132,11 @@ for step in "$@"; do
       timeout "${ROUTER_TIMEOUT:-120}" python3 benchmarks/bench_router_product.py \
         --shapes "${ROUTER_SHAPES:-32x1024}" --rows 1,64,16384 2>&1 | grep -v Warn | tee "$OUT/router.log"
       best=$(grep '^best' "$OUT/router.log" | head -1 | cut -d: -f2 | xargs | tr ' ' '/')
-      # one process, every (tile, merge) pair a set of rows: the default tile is the anchor
+      # one process, each tile a set of rows: the old default tile is the anchor
       timeout "${ROUTER_ENGINE_TIMEOUT:-300}" python3 benchmarks/bench_engine_gpu.py \
         --preset "${ROUTER_PRESET:-large}" --batches "${ROUTER_BATCHES:-64,1}" --prompts 4096 \
         --graphs on --kernels invariant --router-tile "64/64/4/3${best:+,$best}" \
-        --merge-in-part "${ROUTER_MERGE:-off}" 2>&1 | grep -E "^\| inv" | tee -a "$OUT/router.log" ;;
+        2>&1 | grep -E "^\| inv" | tee -a "$OUT/router.log" ;;
     istream)
       timeout "${ISTREAM_TIMEOUT:-400}" bash -c "python3 -m pytest -q -p no:cacheprovider \
         -o addopts= tests/kernels/test_indexer_stream.py 2>&1 | tail -3

@@ -7,10 +7,7 @@ so a batch of one keeps a handful of SMs busy. Here:
   of its chunk, from the empty state, exactly as `attention_fwd._attn_fwd` walks them
   (`fold_step`), and stores the chunk's (m, denom, acc) in fp32 for the present rows;
 - `_attn_merge`, one program per (tile, KV group), merges the chunks in ascending order
-  (`merge_state`) and finishes the rows (`finish_rows`). With `MERGE_IN_PART` no such
-  launch runs: the last of a (tile, group)'s chunk programs to finish (an acquire-release
-  counter per (tile, group), which that program sets back to 0, so a CUDA graph replays
-  it) merges them, with the same function in the same chunk order: the same bits.
+  (`merge_state`) and finishes the rows (`finish_rows`).
 Invariant: the output and LSE are bitwise `_attn_fwd`'s. That kernel restarts its softmax
 at the same chunk boundaries and merges with the same function; chunks it never visits
 (no step of its walk falls there) are empty here, and an empty chunk merges as the
@@ -137,13 +134,11 @@ def _attn_fwd_part(
     step_off, step_ids,
     sel_bits, sb_stride_n, sb_stride_g,
     qk_scale, window,
-    COUNT, Out, LSE, o_stride_n, o_stride_h, GATE, gate_stride_n,
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
-    ONE_ROW: tl.constexpr, SUB: tl.constexpr, MERGE: tl.constexpr = False,
-    HAS_GATE: tl.constexpr = False,
+    ONE_ROW: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     # SUB > 0 (one query per tile): the SUB slots that hold it (`tile_rows`, one warp)
     GATHER: tl.constexpr = SUB > 0 and not SPARSE  # see `load_keys`
@@ -199,47 +194,6 @@ def _attn_fwd_part(
     # merge reads acc only where some row's denom is not
     if a < b:
         tl.store(PACC + at[:, None] * DP + d[None, :], acc, mask=present[:, None])
-    if MERGE:
-        # Every thread's stores are issued before one thread's release-add (the barrier);
-        # the program that takes the count to the chunk count has acquired every other
-        # program's, and reads them past L1 (`.cg`), which may hold lines of its own chunk.
-        tl.debug_barrier()
-        count = COUNT + tile * tl.num_programs(1) + g
-        n_chunks = tl.num_programs(2)
-        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == n_chunks - 1:
-            tl.store(count, 0)  # for the next launch (or graph replay): it starts after this
-            M: tl.constexpr = SUB * G if SUB else T * G
-            m, denom, acc = merged_chunks(
-                PM, PL, PACC, qrow, head, present, d, p_stride_n, p_stride_h, n_chunks, M,
-                DP, ".cg",
-            )  # fmt: skip
-            finish_rows(
-                m, denom, acc, Out, LSE, GATE, gate_stride_n, qrow, head, present, d,
-                o_stride_n, o_stride_h, G * tl.num_programs(1), D, HAS_GATE,
-            )  # fmt: skip
-
-
-@triton.jit
-def merged_chunks(
-    PM, PL, PACC, qrow, head, present, d, p_stride_n, p_stride_h, n_chunks,
-    M: tl.constexpr, DP: tl.constexpr, CACHE: tl.constexpr,
-):  # fmt: skip
-    """The rows' (m, denom, acc) over chunks 0..n_chunks-1, merged in ascending order."""
-    m, denom, acc = fresh_state(M, DP)
-    # No branch on empty chunks: every chunk's loads are independent of the running state,
-    # so they pipeline. A row's empty chunk (-1e30, 0, and an acc read as 0: a chunk with no
-    # step never stored it) merges as the identity, bitwise (`merge_state`).
-    for j in range(0, n_chunks):
-        at = qrow * p_stride_n + head * p_stride_h + j
-        lc = tl.load(PL + at, mask=present, other=0.0, cache_modifier=CACHE)
-        mc = tl.load(PM + at, mask=present, other=NEG_INIT, cache_modifier=CACHE)
-        accc = tl.load(
-            PACC + at[:, None] * DP + d[None, :], mask=present[:, None], other=0.0,
-            cache_modifier=CACHE,
-        )  # fmt: skip
-        accc = tl.where((lc > 0)[:, None], accc, 0.0)  # unwritten memory may hold a NaN
-        m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
-    return m, denom, acc
 
 
 @triton.jit
@@ -256,42 +210,26 @@ def _attn_merge(
     _, _, _, r, _, present, qrow = tile_rows(
         tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G, SUB
     )
+    if SUB:
+        m, denom, acc = fresh_state(SUB * G, DP)
+    else:
+        m, denom, acc = fresh_state(T * G, DP)
     head = g * G + r % G
     d = tl.arange(0, DP)
-    M: tl.constexpr = SUB * G if SUB else T * G
-    m, denom, acc = merged_chunks(
-        PM, PL, PACC, qrow, head, present, d, p_stride_n, p_stride_h, n_chunks, M, DP, ""
-    )
+    # No branch on empty chunks: every chunk's loads are independent of the running state,
+    # so they pipeline. A row's empty chunk (-1e30, 0, and an acc read as 0: a chunk with no
+    # step never stored it) merges as the identity, bitwise (`merge_state`).
+    for j in range(0, n_chunks):
+        at = qrow * p_stride_n + head * p_stride_h + j
+        lc = tl.load(PL + at, mask=present, other=0.0)
+        mc = tl.load(PM + at, mask=present, other=NEG_INIT)
+        accc = tl.load(PACC + at[:, None] * DP + d[None, :], mask=present[:, None], other=0.0)
+        accc = tl.where((lc > 0)[:, None], accc, 0.0)  # unwritten memory may hold a NaN
+        m, denom, acc = merge_state(m, denom, acc, mc, lc, accc)
     finish_rows(
         m, denom, acc, Out, LSE, GATE, gate_stride_n, qrow, head, present, d, o_stride_n,
         o_stride_h, G * tl.num_programs(1), D, HAS_GATE,
     )  # fmt: skip
-
-
-# Whether the last chunk program of each (tile, group) merges the chunks (module doc) rather
-# than a second launch: read at call time, so a benchmark and a test can set it.
-MERGE_IN_PART = False
-
-# Per device, every counter buffer made so far, the last the largest: an int32 counter per
-# (tile, group), each 0 between launches (a launch's merging programs set theirs back). None
-# is ever freed: a captured CUDA graph holds a buffer's address, not the tensor, so a freed
-# one would be another tensor's memory at the graph's next replay.
-_MERGE_COUNTERS: dict[torch.device, list[Tensor]] = {}
-MERGE_COUNTERS_MIN = 256  # the first buffer's counters (a 64 x 4K decode step uses 256)
-
-
-def merge_counters(device: torch.device, n: int) -> Tensor:
-    """At least n zeroed counters for `_attn_fwd_part`'s merge on `device`, kept for the
-    process's life. Launches that share them must not overlap (the engine's decode steps run
-    on one stream). Made inside a graph capture (the eager warm-up that precedes one
-    normally makes them), their zeroing is part of the graph, before its first use."""
-    made = _MERGE_COUNTERS.setdefault(device, [])
-    if made and made[-1].numel() >= n:
-        return made[-1]
-    with torch.inference_mode(False):
-        size = max(n, 2 * made[-1].numel() if made else MERGE_COUNTERS_MIN)
-        made.append(torch.zeros(size, dtype=torch.int32, device=device))
-    return made[-1]
 
 
 # What the one-warp part walk's launch sets over the whole tile's (`forward_launch`), e.g. a
@@ -328,9 +266,6 @@ def split_attention_forward(
     one_row = max(tiles.host_rows, default=0) == 1  # every tile holds one query
     sub = one_query_slots(tiles, g, common["num_warps"], grid[0] * grid[1] * grid[2])
     part_launch = {**common, **one_warp_launch(d)} if sub else common  # one warp's share
-    merge = MERGE_IN_PART
-    counters = merge_counters(q.device, grid[0] * grid[1]) if merge else pm
-    gate_of = (gate, gate.stride(0)) if gate is not None else (q, 0)
     _attn_fwd_part[grid](
         q, k_pool, v_pool, pm, pl, pacc,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), pm.stride(0), pm.stride(1),
@@ -339,15 +274,13 @@ def split_attention_forward(
         step_off, step_ids,
         bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, window,
-        counters, out, lse, out.stride(0), out.stride(1), *gate_of,
         STEP=step, PAGE=kv.page_size, BLK=block, SPARSE=sparse, UPCAST=interpreting(),
         PRECISION=dot_precision(q.dtype), SCAN=SCAN, ONE_ROW=one_row, SUB=sub,
-        MERGE=merge, HAS_GATE=gate is not None, **chunk_constants(chunk), **part_launch,
+        **chunk_constants(chunk), **part_launch,
     )  # fmt: skip
-    if merge:
-        return
     _attn_merge[(tiles.n_tiles, hkv)](
         pm, pl, pacc, out, lse, pm.stride(0), pm.stride(1), out.stride(0), out.stride(1),
-        tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row, n_chunks, *gate_of,
+        tiles.seq, tiles.slot0, tiles.lo, tiles.hi, tiles.row, n_chunks,
+        gate if gate is not None else q, gate.stride(0) if gate is not None else 0,
         HAS_GATE=gate is not None, SUB=sub, **common,
     )  # fmt: skip

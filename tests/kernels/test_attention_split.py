@@ -234,37 +234,3 @@ def _chunk_rule_probe(pos, out, n, js, out_first, n_js, BLOCK: tl.constexpr,
     tl.store(out + o, chunk_of(p, LOG_CHUNK, LOG_PER_OCTAVE), mask=o < n)
     j = tl.load(js + o, mask=o < n_js, other=0)
     tl.store(out_first + o, chunk_first(j, LOG_CHUNK, LOG_PER_OCTAVE), mask=o < n_js)
-
-
-@pytest.mark.parametrize(("chunk", "per_octave"), [(CHUNK, 8), (16, 2)])
-@pytest.mark.parametrize("kind", ["swa", "sparse"])
-def test_merge_in_the_part_walk_gives_the_merge_launchs_bits(
-    kind: str, chunk: int, per_octave: int, monkeypatch: pytest.MonkeyPatch, rescale_rule: str
-) -> None:
-    """The last chunk program of each (tile, group) merging (`MERGE_IN_PART`) against the
-    merge launch: bitwise the same output and LSE, gated or not, call after call on one
-    set of counters (each merging program sets its counter back to 0), at two batch sizes
-    (a larger one grows the counters) and with a one-row batch between them."""
-    from rlsys.kernels.triton_ops import attention_split
-
-    monkeypatch.setattr(attention_fwd, "CHUNKS_PER_OCTAVE", per_octave)
-    monkeypatch.setattr(attention_split, "_MERGE_COUNTERS", {})
-    monkeypatch.setattr(attention_split, "MERGE_COUNTERS_MIN", 2)  # the 3-row batch grows them
-    case = paged_case(LENGTHS, HKV, D, 32, BLK, IDX, DEV, seed=17)
-    n = sum(case.lengths)
-    q, qi = torch.randn(n, H, D).to(DEV), torch.randn(n, HKV, IDX).to(DEV)
-    gate = torch.rand(n, H).to(DEV)
-    last = [sp.row + sp.n - 1 for sp in prefill_spans(case.lengths)]
-    dspans = decode_spans(case.lengths)
-    call = functools.partial(_call, kind, case, chunk=chunk, split=True)
-    for rows, spans in ((last[:1], dspans[:1]), (last, dspans), (last[:1], dspans[:1])):
-        for g in (None, gate[rows]):
-            monkeypatch.setattr(attention_split, "MERGE_IN_PART", False)
-            want, want_lse, _ = call(q[rows], qi[rows], spans, gate=g)
-            monkeypatch.setattr(attention_split, "MERGE_IN_PART", True)
-            got, got_lse, _ = call(q[rows], qi[rows], spans, gate=g)
-            assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
-            made = attention_split._MERGE_COUNTERS[torch.device(DEV)]
-            assert made[-1].numel() >= len(rows) * HKV
-            assert not any(c.any() for c in made)  # every counter set back, old buffers too
-    assert len(made) == 2  # grown once, the first buffer kept (a graph may hold its address)

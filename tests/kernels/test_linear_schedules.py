@@ -144,6 +144,40 @@ def test_an_fp32_weights_own_tile_serves_every_path_and_batch(
     torch.testing.assert_close(serial, x @ w.T, atol=1e-3, rtol=1e-4)
 
 
+def _fp32_table() -> list[tuple[int, int]]:
+    from rlsys.kernels.triton_ops import linear as lin
+
+    return sorted(lin.FP32_TILES)
+
+
+def test_large_routers_product_takes_its_measured_tile() -> None:
+    """`large`'s router (fp32, 32 x 1,024) has the tile timed for it, which both its engine
+    and its trainer launch (`tile_for` from the weight alone)."""
+    from rlsys.config.model import preset
+    from rlsys.kernels.triton_ops import linear as lin
+
+    large = preset("large")
+    tile = lin.tile_for(large.n_experts, large.d_model, torch.float32)
+    assert tile is not lin.DEFAULT_TILE and (tile.bm, tile.bn, tile.warps) == (16, 16, 1)
+
+
+@pytest.mark.parametrize("shape", _fp32_table())
+def test_each_measured_fp32_tile_gives_one_value_per_row(shape: tuple[int, int]) -> None:
+    """The table's own tiles (not a test's), at their weight shapes: the serial and split
+    schedules and the decode path's chunk products agree bitwise, and a single row keeps
+    its value."""
+    from rlsys.kernels.triton_ops.partials import partial_products
+
+    n, k = shape
+    w = _rand(n, k, dtype=torch.float32)
+    x = _rand(37, k, dtype=torch.bfloat16).float()
+    serial = linear_fwd(x, w, schedule="serial")
+    assert torch.equal(linear_fwd(x, w, schedule="split"), serial)
+    assert torch.equal(partial_products(x, w, column_chunks(k)).reduced(), serial)
+    assert torch.equal(linear_fwd(x[36:37], w), serial[36:37])
+    torch.testing.assert_close(serial, x @ w.T, atol=1e-3, rtol=1e-4)
+
+
 def test_a_tile_that_tl_dot_cannot_take_is_named() -> None:
     from rlsys.kernels.triton_ops.linear import TileConfig
 
