@@ -69,6 +69,7 @@ ORDER = [
     "indexer_stream",
     "gpu_forward_walk",
     "gpu_h200_rows",
+    "gpu_router_tile",
     "ci_time",
 ]
 
