@@ -343,6 +343,7 @@ def main() -> None:
     cfg = preset(args.preset).with_overrides({"compute_dtype": "bfloat16"})
     router = (cfg.n_experts, cfg.d_model)
     tiles = [router_tile(t) for t in args.router_tile.split(",")] if args.router_tile else [None]
+    print(f"router tile (the table's): {lin.tile_for(*router, torch.float32)}")
     model = Transformer(cfg).cuda().eval()
     print(
         f"preset {args.preset}: {model.num_parameters():,} parameters "
@@ -365,12 +366,10 @@ def main() -> None:
         for k in args.kernels.split(",")
         for p in args.prompts.split(",")
     ):
-        if tile is not None:
-            lin.FP32_TILES[router] = tile
         label_k = kernels
-        if tile is not None:
+        if tile is not None:  # the router's tile for these rows, named in their first cell
+            lin.FP32_TILES[router] = tile
             label_k += f", router {tile.bm}/{tile.bn}/{tile.warps}/{tile.stages}"
-
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
                 for graphs, overlap in (
