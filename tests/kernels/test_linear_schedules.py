@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
 from rlsys.kernels.triton_ops.linear import (  # noqa: E402
     column_chunks,
     expert_tiles,
@@ -113,9 +114,6 @@ def test_an_fp32_weights_own_tile_serves_every_path_and_batch(
     64) is the one the column product, its split and serial schedules and the decode path's
     unreduced chunk products (`partial_products`) all launch, so a row has one value for
     every batch size and every consumer; a bf16 weight of the same shape keeps the default."""
-    from rlsys.kernels.triton_ops import linear as lin
-    from rlsys.kernels.triton_ops.partials import partial_products
-
     bm, bn, warps = tile
     k, n = 512, 24
     cfg = lin.TileConfig(bn=bn, bk=64, warps=warps, stages=2, bm=bm)
@@ -136,46 +134,41 @@ def test_an_fp32_weights_own_tile_serves_every_path_and_batch(
             return run
 
     monkeypatch.setattr(lin, "_matmul", Spy())
+    _assert_one_value_per_row(x, w, row=20)  # one row: its own tile
+    assert launched == [bm] * 4
+
+
+def _assert_one_value_per_row(x: torch.Tensor, w: torch.Tensor, row: int) -> None:
+    """The serial and split schedules and the decode path's chunk products give x @ w.T
+    bitwise alike, and row `row` alone keeps its value."""
+    from rlsys.kernels.triton_ops.partials import partial_products
+
     serial = linear_fwd(x, w, schedule="serial")
     assert torch.equal(linear_fwd(x, w, schedule="split"), serial)
-    assert torch.equal(partial_products(x, w, column_chunks(k)).reduced(), serial)
-    assert torch.equal(linear_fwd(x[20:21], w), serial[20:21])  # one row: its own tile
-    assert launched == [bm] * 4
+    assert torch.equal(partial_products(x, w, column_chunks(w.shape[1])).reduced(), serial)
+    assert torch.equal(linear_fwd(x[row : row + 1], w), serial[row : row + 1])
     torch.testing.assert_close(serial, x @ w.T, atol=1e-3, rtol=1e-4)
-
-
-def _fp32_table() -> list[tuple[int, int]]:
-    from rlsys.kernels.triton_ops import linear as lin
-
-    return sorted(lin.FP32_TILES)
 
 
 def test_large_routers_product_takes_its_measured_tile() -> None:
     """`large`'s router (fp32, 32 x 1,024) has the tile timed for it, which both its engine
     and its trainer launch (`tile_for` from the weight alone)."""
     from rlsys.config.model import preset
-    from rlsys.kernels.triton_ops import linear as lin
 
     large = preset("large")
     tile = lin.tile_for(large.n_experts, large.d_model, torch.float32)
     assert tile is not lin.DEFAULT_TILE and (tile.bm, tile.bn, tile.warps) == (16, 16, 1)
 
 
-@pytest.mark.parametrize("shape", _fp32_table())
+@pytest.mark.parametrize("shape", sorted(lin.FP32_TILES))
 def test_each_measured_fp32_tile_gives_one_value_per_row(shape: tuple[int, int]) -> None:
     """The table's own tiles (not a test's), at their weight shapes: the serial and split
     schedules and the decode path's chunk products agree bitwise, and a single row keeps
     its value."""
-    from rlsys.kernels.triton_ops.partials import partial_products
-
     n, k = shape
     w = _rand(n, k, dtype=torch.float32)
     x = _rand(37, k, dtype=torch.bfloat16).float()
-    serial = linear_fwd(x, w, schedule="serial")
-    assert torch.equal(linear_fwd(x, w, schedule="split"), serial)
-    assert torch.equal(partial_products(x, w, column_chunks(k)).reduced(), serial)
-    assert torch.equal(linear_fwd(x[36:37], w), serial[36:37])
-    torch.testing.assert_close(serial, x @ w.T, atol=1e-3, rtol=1e-4)
+    _assert_one_value_per_row(x, w, row=36)
 
 
 def test_a_tile_that_tl_dot_cannot_take_is_named() -> None:
