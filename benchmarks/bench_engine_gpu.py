@@ -36,7 +36,9 @@ the start-up's objects are frozen first, as the engine replica process does
 twelfth session did), and collections run after a step, at most a young or a middle one
 while the batch is busy (`rlsys.engine.gc_steps`, what the replica does since the
 twenty-fourth session; `--no-gc-steps`: the interpreter's own thresholds, inside steps);
-a step's time includes the collection after it.
+a step's time includes the collection after it. `--pdl on,off`: the decode graphs captured
+with programmatic dependent launch (`rlsys.kernels.triton_ops.pdl`, the default) and
+without, one set of rows each, named in the first cell.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from rlsys.engine.runner import LaunchedStep  # noqa: E402
 from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
 from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
+from rlsys.kernels.triton_ops import pdl  # noqa: E402
 from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
 from rlsys.model.decode_layout import StaticDecodeLayout  # noqa: E402
 
@@ -337,6 +340,12 @@ def main() -> None:
         help="comma list of bm/bn/warps/stages: the fp32 router product's tile, one set of "
         "rows each (A/B of linear.FP32_TILES; default: the table's choice)",
     )
+    parser.add_argument(
+        "--pdl",
+        default="on",
+        help="comma list: on, off (decode graphs' kernels with programmatic dependent launch; "
+        "pdl.DECODE_GRAPHS), one set of rows each",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -360,8 +369,9 @@ def main() -> None:
     print(
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
-    for tile, kernels, prompt in (
-        (t, k, int(p))
+    for dependent, tile, kernels, prompt in (
+        (d == "on", t, k, int(p))
+        for d in args.pdl.split(",")
         for t in tiles
         for k in args.kernels.split(",")
         for p in args.prompts.split(",")
@@ -370,6 +380,9 @@ def main() -> None:
         if tile is not None:  # the router's tile for these rows, named in their first cell
             lin.FP32_TILES[router] = tile
             label_k += f", router {tile.bm}/{tile.bn}/{tile.warps}/{tile.stages}"
+        pdl.DECODE_GRAPHS = dependent  # read when the runner captures its graphs
+        if args.pdl != "on":
+            label_k += f", PDL {'on' if dependent else 'off'}"
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
                 for graphs, overlap in (

@@ -9,6 +9,9 @@
 #   router    the fp32 router product's tiles (benchmarks/bench_router_product.py, ROUTER_SHAPES),
 #             then bench_engine_gpu.py at batch 64 and 1 with the default tile and the sweep's
 #             best (--router-tile), in one process (ROUTER_PRESET must own the first shape)
+#   pdl       programmatic dependent launch in decode graphs: its tests and the decode-graph
+#             tests (bitwise the eager step), then bench_engine_gpu.py --pdl on,off (`large`
+#             4K, PDL_BATCHES, default 64 then 1), then the router's old tile without PDL
 #   istream   the streamed indexer selection: its tests, then bench_indexer.py buffered (saved)
 #             and streamed (compared bitwise), bitmap only, 32K and 128K (ISTREAM_ARGS)
 #   graphs    the CUDA-graph decode and activation-checkpointing tests, and the GPU tests
@@ -137,6 +140,18 @@ for step in "$@"; do
         --preset "${ROUTER_PRESET:-large}" --batches "${ROUTER_BATCHES:-64,1}" --prompts 4096 \
         --graphs on --kernels invariant --router-tile "64/64/4/3${best:+,$best}" \
         2>&1 | grep -E "^\| inv" | tee -a "$OUT/router.log" ;;
+    pdl)
+      RLSYS_PDL=1 timeout "${PDL_TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider \
+        -o addopts= tests/kernels/test_dependent_launch.py tests/engine/test_decode_graphs.py \
+        2>&1 | tee "$OUT/pdl_tests.log" | tail -4
+      for b in ${PDL_BATCHES:-64 1}; do
+        timeout "${PDL_ENGINE_TIMEOUT:-200}" python3 benchmarks/bench_engine_gpu.py --preset large \
+          --batches "$b" --prompts 4096 --graphs on --kernels invariant --pdl on,off 2>&1 \
+          | grep -E "^\| inv|Error" | tee -a "$OUT/pdl.log"
+      done
+      timeout "${PDL_ROUTER_TIMEOUT:-150}" python3 benchmarks/bench_engine_gpu.py --preset large \
+        --batches 64 --prompts 4096 --graphs on --kernels invariant --pdl off \
+        --router-tile 64/64/4/3 2>&1 | grep -E "^\| inv|Error" | tee -a "$OUT/pdl.log" ;;
     istream)
       timeout "${ISTREAM_TIMEOUT:-400}" bash -c "python3 -m pytest -q -p no:cacheprovider \
         -o addopts= tests/kernels/test_indexer_stream.py 2>&1 | tail -3

@@ -51,6 +51,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import (
     check_device,
     dot_precision,
@@ -507,8 +508,10 @@ def _attn_fwd(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     HAS_GATE: tl.constexpr, LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr,
-    PAIRED: tl.constexpr = False, CONTIG: tl.constexpr = False,
+    PAIRED: tl.constexpr = False, CONTIG: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
     )
@@ -639,6 +642,7 @@ def attention_forward(
         SPARSE=sparse is not None, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
         HAS_GATE=gate is not None, PAIRED=FORWARD_PAIRED_STEPS,
         CONTIG=contiguous_rows(kv), **chunk_constants(chunk), **forward_launch(d),
+        **pdl.launch(q.device),
     )  # fmt: skip
     return out, lse
 

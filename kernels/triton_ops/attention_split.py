@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     NEG_INIT,
@@ -138,8 +139,10 @@ def _attn_fwd_part(
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     LOG_CHUNK: tl.constexpr, LOG_PER_OCTAVE: tl.constexpr, SCAN: tl.constexpr,
-    ONE_ROW: tl.constexpr, SUB: tl.constexpr,
+    ONE_ROW: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     # SUB > 0 (one query per tile): the SUB slots that hold it (`tile_rows`, one warp)
     GATHER: tl.constexpr = SUB > 0 and not SPARSE  # see `load_keys`
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
@@ -202,8 +205,10 @@ def _attn_merge(
     tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, n_chunks,
     GATE, gate_stride_n,
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    HAS_GATE: tl.constexpr, SUB: tl.constexpr,
+    HAS_GATE: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     tile = tl.program_id(0)
     g = tl.program_id(1)
     # the merge is elementwise per row: any slice of the tile that holds its rows will do
@@ -261,7 +266,7 @@ def split_attention_forward(
     pl = torch.empty_like(pm)
     pacc = torch.empty(n, h, n_chunks, dp, dtype=torch.float32, device=q.device)
     step_off, step_ids, bits = csr
-    common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d)}
+    common = {"G": g, "T": tiles.T, "D": d, "DP": dp, **forward_launch(d), **pdl.launch(q.device)}
     grid = (tiles.n_tiles, hkv, n_chunks)
     one_row = max(tiles.host_rows, default=0) == 1  # every tile holds one query
     sub = one_query_slots(tiles, g, common["num_warps"], grid[0] * grid[1] * grid[2])

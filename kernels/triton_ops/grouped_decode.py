@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.triton_ops import linear as lin
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting, mma
 from rlsys.kernels.triton_ops.linear import _tree
 
@@ -68,9 +69,12 @@ def _grouped_swiglu_rows(
     X, ORDER, W, OFFS, Y, K, H, sx, sw_e, sw_n, sy,
     SLOTS: tl.constexpr, GATHER: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GATHER: sorted row r reads token row ORDER[r] // SLOTS of X (the routing's
     expert-sorted order; `moe_route.gather_rows`'s copy, read in place)."""
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     e = tl.program_id(0)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     end = tl.load(OFFS + e)
@@ -108,10 +112,13 @@ def _grouped_tree_rows(
     Hs, W, OFFS, Y, K, N, sh, sw_e, sw_n, sy,
     NCH: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
     EVEN: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Y[rows of e] = the NCH-chunk fp32 tree of h @ w2[e]^T, computed transposed by
     `linear._tree` itself (the weight tile as its "x", the rows as its "w"): the same BK
     steps, chunk products and tree order as the grouped tree kernel's."""
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     e = tl.program_id(0)
     n0 = tl.program_id(1) * BN
     end = tl.load(OFFS + e)
@@ -155,7 +162,7 @@ def grouped_swiglu_rows(
             x, order if order is not None else offsets, w13, offsets, out, k, h,
             x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
             SLOTS=slots, GATHER=order is not None,
-            BN=BN, BK=BK, BR=BR, UPCAST=interpreting(), **LAUNCH,
+            BN=BN, BK=BK, BR=BR, UPCAST=interpreting(), **LAUNCH, **pdl.launch(x.device),
         )  # fmt: skip
     return out
 
@@ -176,5 +183,6 @@ def grouped_tree_rows(h_sorted: Tensor, w2: Tensor, offsets: Tensor, n_chunks: i
             h_sorted.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
             NCH=n_chunks, BN=BN, BK=bk, BR=BR, EVEN=(k // n_chunks) % bk == 0,
             UPCAST=interpreting(), PRECISION=dot_precision(w2.dtype), **LAUNCH,
+            **pdl.launch(h_sorted.device),
         )  # fmt: skip
     return out

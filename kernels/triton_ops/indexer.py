@@ -32,6 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, interpreting, mma, next_pow2
 
 SCORE_CHUNK_BYTES = 256 * 2**20  # score buffer per chunk of queries
@@ -119,8 +120,10 @@ def _index_scores(
     row_base,
     HKV: tl.constexpr, T: tl.constexpr, IDX: tl.constexpr, IDXP: tl.constexpr,
     NBT: tl.constexpr, BPP: tl.constexpr, BLK: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     seq, qi, npast, nb, out_row, present, r = _tile_rows(
         QI, qi_stride_n, qi_stride_g, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
         HKV, T, IDX, IDXP, BLK, UPCAST,
@@ -259,11 +262,14 @@ def _topk_select(
     HKV: tl.constexpr, KSEL: tl.constexpr, KSELP: tl.constexpr,
     NBP: tl.constexpr, NW: tl.constexpr, NWO: tl.constexpr, BLK: tl.constexpr,
     RANK_MAX: tl.constexpr, GUESSES: tl.constexpr, WRITE_IDS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """NBP: the blocks this launch's rows can have (a power of two >= their largest past);
     NWO >= NW = NBP / 32: the bitmap words of a row in BITS (the words past NW are 0).
     WRITE_IDS: also the ids (the indexer KL's input); the attention reads only the bitmap,
     and the ids' scattered stores were a tenth of this kernel's instructions."""
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     local = tl.program_id(0).to(tl.int64)
     row = row_base * HKV + local
     npast = tl.load(QPOS + row // HKV) // BLK
@@ -380,6 +386,7 @@ def select_blocks(
             r0,
             HKV=hkv, T=tiles.T, IDX=idx, IDXP=next_pow2(idx), NBT=NBT,
             BPP=bk_table.page_size, BLK=block, UPCAST=interpreting(), PRECISION=precision,
+            **pdl.launch(dev),
         )  # fmt: skip
         _rank_rows(scores, out, tiles.q_pos, r0, hkv, topk_blocks, block, rank_max, guesses)
     return out
@@ -399,7 +406,7 @@ def _rank_rows(
         HKV=hkv, KSEL=topk, KSELP=next_pow2(topk), NBP=nbp, NW=nbp // 32,
         NWO=out.bits.shape[-1], BLK=block, RANK_MAX=rank_max, GUESSES=guesses,
         WRITE_IDS=out.ids is not None,
-        num_warps=max(4, min(32, nbp // (32 * SELECT_PER_THREAD))),
+        num_warps=max(4, min(32, nbp // (32 * SELECT_PER_THREAD))), **pdl.launch(scores.device),
     )  # fmt: skip
 
 
@@ -466,13 +473,15 @@ def _union_steps(
     tile_slot0, tile_lo, tile_hi, tile_row,
     sb_stride_n, sb_stride_g, nw_bits, nw_iter,
     COUNT_ONLY: tl.constexpr, T: tl.constexpr, WB: tl.constexpr,
-    NBS: tl.constexpr, BLK: tl.constexpr, PREFIX: tl.constexpr,
+    NBS: tl.constexpr, BLK: tl.constexpr, PREFIX: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Per (tile, group): the ascending steps holding a block any present row selected, or a
     present row's own block. COUNT_ONLY writes the count at OFF[i + 1] (and OFF[0] = 0);
     otherwise the ids from OFF[i] on, or with PREFIX from the sum of the counts before it
     (COUNTS, the count pass's output), which it also writes to OFF[i] (and the total to
     the last OFF): no separate prefix sum."""
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     tile = tl.program_id(0)
     g = tl.program_id(1)
     hkv = tl.num_programs(1)
@@ -559,7 +568,7 @@ def union_steps(
         nw_bits,
         nw_iter,
     )
-    meta = {"T": tiles.T, "WB": wb, "NBS": nbs, "BLK": block}
+    meta = {"T": tiles.T, "WB": wb, "NBS": nbs, "BLK": block, **pdl.launch(dev)}
     grid = (tiles.n_tiles, hkv)
     dummy = counts[:1]
     _union_steps[grid](sel.bits, counts, dummy, dummy, *args, COUNT_ONLY=True, PREFIX=False, **meta)

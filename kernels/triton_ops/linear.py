@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting, mma
 from rlsys.kernels.triton_ops.expert_plan import expert_plan
 
@@ -186,11 +187,12 @@ def _matmul(
     tile_expert, tile_row0, tile_rows,
     NCH: tl.constexpr, GROUPED: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One (BM x BN) output tile. Serial (SPLIT false): the whole NCH-chunk tree, stored in
     Y's dtype. Split: program_id(2) = chunk c computes chunk c's fp32 product alone and
     stores it at P[c] (P[NCH + c] for w3's under SWIGLU); `_tree_reduce` adds them."""
+    pdl.wait_prior(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -219,11 +221,14 @@ def _matmul(
         at = row0.to(tl.int64) * N + pid_n * BN + (rm[:, None] * N + rn[None, :])
         p = _chunk_acc(x_tile, w_tile, rm, rn, m_mask, n_mask, c * size, size, sx_m, sx_k, sw_n, sw_k,
                        BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-        tl.store(P + c.to(tl.int64) * MN + at, p, mask=mask)
         if SWIGLU:
             p3 = _chunk_acc(x_tile, w3_tile, rm, rn, m_mask, n_mask, c * size, size, sx_m, sx_k, sw_n,
                             sw_k, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
+            pdl.release_next(PDL)
             tl.store(P + (NCH + c).to(tl.int64) * MN + at, p3, mask=mask)
+        else:
+            pdl.release_next(PDL)
+        tl.store(P + c.to(tl.int64) * MN + at, p, mask=mask)
     else:
         acc = _tree(x_tile, w_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
                     NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
@@ -232,6 +237,7 @@ def _matmul(
             a3 = _tree(x_tile, w3_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
                        NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
             acc = _swiglu(acc, a3)
+        pdl.release_next(PDL)
         y_tile = Y + row0.to(tl.int64) * sy_m + (pid_n * BN).to(tl.int64) * sy_n
         tl.store(y_tile + (rm[:, None] * sy_m + rn[None, :] * sy_n), acc.to(Y.dtype.element_ty),
                  mask=mask)  # fmt: skip
@@ -264,14 +270,16 @@ def _tree_of(P, at, mn, mask, NCH: tl.constexpr):
 @triton.jit
 def _tree_reduce(
     P, Y, MN, N, sy_m, sy_n,
-    NCH: tl.constexpr, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
+    NCH: tl.constexpr, SWIGLU: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Y = the tree of the split programs' chunk products (then SwiGLU), element-wise."""
+    pdl.wait_prior(PDL)
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < MN
     acc = _tree_of(P, idx, MN, mask, NCH)
     if SWIGLU:
         acc = _swiglu(acc, _tree_of(P + NCH * MN, idx, MN, mask, NCH))
+    pdl.release_next(PDL)
     row, col = idx // N, idx % N
     tl.store(Y + row * sy_m + col * sy_n, acc.to(Y.dtype.element_ty), mask=mask)
 
@@ -344,12 +352,12 @@ def _launch(
         BN=cfg.bn, BK=bk,
         EVEN=(k // nch) % bk == 0,
         UPCAST=interpreting(), PRECISION=dot_precision(w.dtype),
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        num_warps=cfg.warps, num_stages=cfg.stages, **pdl.launch(x.device),
     )  # fmt: skip
     if split:
         _tree_reduce[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             parts, out, m * n, n, out.stride(0), out.stride(1),
-            NCH=nch, SWIGLU=swiglu, BLOCK=REDUCE_BLOCK,
+            NCH=nch, SWIGLU=swiglu, BLOCK=REDUCE_BLOCK, **pdl.launch(x.device),
         )  # fmt: skip
     return out
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, next_pow2
 from rlsys.kernels.triton_ops.elementwise import sigmoid
 from rlsys.kernels.triton_ops.linear import _tree_of
@@ -42,14 +43,16 @@ COMBINE_ELEMENTS = 1024  # rows x d per combine program (one row at d = 1024: a 
 def _route(
     RAW, BIAS, IDX, GATES, n_rows, E, s_raw, s_idx, raw_mn,
     K: tl.constexpr, EP: tl.constexpr, ROWS: tl.constexpr, RAW_NCH: tl.constexpr,
-    SCORES: tl.constexpr,
+    SCORES: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = r < n_rows
     e = tl.arange(0, EP)
     valid = e < E
     m = live[:, None] & valid[None, :]
     raw = _tree_of(RAW, r[:, None].to(tl.int64) * s_raw + e[None, :], raw_mn, m, RAW_NCH)
+    pdl.release_next(PDL)
     s = raw if SCORES else sigmoid(raw)  # SCORES: given as `sigmoid_fwd` computes them
     key = s + tl.load(BIAS + e, mask=valid, other=0.0)[None, :]
     key = tl.where(m, key, float("-inf"))
@@ -96,6 +99,7 @@ def route_fwd(
         _route[(triton.cdiv(n, rows),)](
             src, bias, idx, gates, n, e, stride, idx.stride(0), mn,
             K=k, EP=ep, ROWS=rows, RAW_NCH=nch, SCORES=scores, enable_fp_fusion=False,
+            **pdl.launch(src.device),
         )  # fmt: skip
     return idx, gates
 
@@ -103,8 +107,9 @@ def route_fwd(
 @triton.jit
 def _expert_layout(
     FLAT, POS, ORDER, OFFSETS, T_EXPERT, T_ROW0, T_ROWS, n_entries, E, max_tiles,
-    EP: tl.constexpr, CH: tl.constexpr, BM: tl.constexpr,
+    EP: tl.constexpr, CH: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
     e = tl.program_id(0)
     ids = tl.arange(0, EP)
     c = tl.arange(0, CH)
@@ -112,6 +117,7 @@ def _expert_layout(
     for start in range(0, n_entries, CH):
         v = tl.load(FLAT + start + c, mask=start + c < n_entries, other=-1)
         hist += tl.sum((v[:, None] == ids[None, :]).to(tl.int32), axis=0)
+    pdl.release_next(PDL)
     below = ids < e
     row_base = tl.sum(tl.where(below, hist, 0), axis=0)
     tile_base = tl.sum(tl.where(below, (hist + BM - 1) // BM, 0), axis=0)
@@ -161,13 +167,17 @@ def expert_layout(
     assert n_experts <= RANK_MAX
     _expert_layout[(n_experts,)](
         flat, pos, order, offsets, *tiles, n, n_experts, max_tiles,
-        EP=next_pow2(n_experts, 2), CH=LAYOUT_CHUNK, BM=bm,
+        EP=next_pow2(n_experts, 2), CH=LAYOUT_CHUNK, BM=bm, **pdl.launch(dev),
     )  # fmt: skip
     return pos.view(idx.shape), order, offsets, tiles  # type: ignore[return-value]
 
 
 @triton.jit
-def _gather_rows(X, ORDER, Y, d, sx, sy, K: tl.constexpr, BLOCK: tl.constexpr):
+def _gather_rows(
+    X, ORDER, Y, d, sx, sy, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     p = tl.program_id(0).to(tl.int64)
     src = (tl.load(ORDER + p) // K).to(tl.int64)
     c = tl.arange(0, BLOCK)
@@ -184,7 +194,7 @@ def gather_rows(x: Tensor, order: Tensor, k: int) -> Tensor:
         assert x.stride(1) == 1
         _gather_rows[(order.shape[0],)](
             x, order, out, x.shape[1], x.stride(0), out.stride(0), K=k,
-            BLOCK=min(1024, next_pow2(x.shape[1])),
+            BLOCK=min(1024, next_pow2(x.shape[1])), **pdl.launch(x.device),
         )  # fmt: skip
     return out
 
@@ -193,8 +203,10 @@ def gather_rows(x: Tensor, order: Tensor, k: int) -> Tensor:
 def _combine(
     H, Y, POS, GATES, SHARED, OUT, n_rows, d, sh, sy, sp, sg, ss, so, y_mn, s_mn,
     K: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-    Y_NCH: tl.constexpr, S_NCH: tl.constexpr,
+    Y_NCH: tl.constexpr, S_NCH: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = r < n_rows
     r64 = r.to(tl.int64)
@@ -246,6 +258,6 @@ def combine_fwd(
             h, ys, pos, gates, sp, out, n, d, h.stride(0), y_stride,
             pos.stride(0), gates.stride(0), s_stride, out.stride(0), y_mn, s_mn,
             K=k, HAS_SHARED=shared is not None, BLOCK=block, ROWS=rows, Y_NCH=y_nch,
-            S_NCH=s_nch, enable_fp_fusion=False,
+            S_NCH=s_nch, enable_fp_fusion=False, **pdl.launch(h.device),
         )  # fmt: skip
     return out

@@ -22,6 +22,7 @@ import triton
 from torch import Tensor
 
 from rlsys.kernels.triton_ops import linear as lin
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, dot_precision, interpreting
 
 
@@ -106,6 +107,6 @@ def partial_products(
         BN=cfg.bn, BK=bk,
         EVEN=(k // nch) % bk == 0,
         UPCAST=interpreting(), PRECISION=dot_precision(w.dtype),
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        num_warps=cfg.warps, num_stages=cfg.stages, **pdl.launch(x.device),
     )  # fmt: skip
     return Partials(p, nch if split else 1)

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, next_pow2
 from rlsys.kernels.triton_ops.elementwise import sigmoid
 from rlsys.kernels.triton_ops.linear import _tree_of
@@ -75,8 +76,10 @@ def _qkv_post(
     H: tl.constexpr, HP: tl.constexpr, HKV: tl.constexpr, HKVP: tl.constexpr,
     D: tl.constexpr, DP: tl.constexpr, IDX: tl.constexpr, IDXP: tl.constexpr,
     B: tl.constexpr, INDEX: tl.constexpr, BLOCK_KEYS: tl.constexpr,
-    Y_NCH: tl.constexpr, YI_NCH: tl.constexpr, YDT: tl.constexpr,
+    Y_NCH: tl.constexpr, YI_NCH: tl.constexpr, YDT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     n = tl.program_id(0).to(tl.int64)
     at = n * sy
     pos = tl.load(POS + n).to(tl.float32)
@@ -195,5 +198,6 @@ def qkv_post(
         D=d, DP=next_pow2(d, 2), IDX=idx, IDXP=next_pow2(idx, 2), B=block,
         INDEX=index is not None, BLOCK_KEYS=bk is not None,
         Y_NCH=nch, YI_NCH=inch, YDT=_TL_DTYPES[dtype], enable_fp_fusion=False,
+        **pdl.launch(src.device),
     )  # fmt: skip
     return q, gate

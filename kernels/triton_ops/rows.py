@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device
 from rlsys.kernels.triton_ops.linear import _tree_of
 from rlsys.kernels.triton_ops.partials import Partials
@@ -26,7 +27,9 @@ ROW_ELEMENTS = 4096  # elements one RMSNorm program holds (rows x padded width)
 def _rms_norm(
     X, R, H, G, Y, n_rows, n_cols, sx, sr, sh, sy, eps, r_mn,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, R_NCH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
     # ROWS rows per program, each reduced along its own axis-1 slice (same tree per row).
     # HAS_RES: x = X + R (the residual add, fp32) is stored to H, then normalised; R is
     # the balanced tree of R_NCH chunk products r_mn apart (`partials`; 1: R itself).
@@ -37,6 +40,8 @@ def _rms_norm(
     if HAS_RES:
         r = _tree_of(R, row[:, None].to(tl.int64) * sr + c[None, :], r_mn, mask, R_NCH)
         x = x + r.to(tl.float32)
+    pdl.release_next(PDL)
+    if HAS_RES:
         tl.store(H + row[:, None] * sh + c[None, :], x, mask=mask)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     gamma = tl.load(G + c, mask=c < n_cols, other=0.0).to(tl.float32)
@@ -92,7 +97,7 @@ def _launch_norm(
             rows, r, hh, gamma, out, rows.shape[0], d, rows.stride(0), r_stride,
             hh.stride(0), out.stride(0), eps, r_mn,
             BLOCK=block, ROWS=per, HAS_RES=res is not None, R_NCH=r_nch,
-            enable_fp_fusion=False,
+            enable_fp_fusion=False, **pdl.launch(x.device),
         )  # fmt: skip
     shape = (*x.shape[:-1], d)
     return out.view(shape), (h.view(shape) if h is not None else None)

@@ -26,6 +26,9 @@ Invariants:
   row's token (`sampler.sample_rows` over static parameter buffers), so the whole step,
   sampling included, is one replay and one host copy of its results; a token is what
   `sample_batch` would draw from the same logits with the same uniform.
+- With `pdl.DECODE_GRAPHS` the step's Triton kernels launch with programmatic dependent
+  launch where the GPU has it (`rlsys.kernels.triton_ops.pdl`): each one's grid starts
+  while the kernel before it finishes and waits for it on the device; the same bits.
 - A step may be fed the tokens a previous step drew, still on the device (`launch(fed=)`),
   before the host has read them: the engine queues the next decode step behind the
   previous one (`rlsys.engine.core`, overlap). The copy into the layout's token buffer is
@@ -261,8 +264,10 @@ class DecodeGraphs:
     def _forward(
         self, layout: StaticDecodeLayout, params: SamplingBuffers | None
     ) -> tuple[Tensor, Tensor | None, Tensor | None, SampleOut | None]:
+        from rlsys.kernels.triton_ops import pdl  # triton: imported where a step is built
+
         recorder = RoutingRecorder()
-        with torch.inference_mode():
+        with torch.inference_mode(), pdl.dependent_launches(pdl.DECODE_GRAPHS):
             logits = self.model.forward_decode(layout.tokens, layout.positions, layout.kv, recorder)
             sampled = None
             if params is not None and self.sampler is not None:
