@@ -12,9 +12,12 @@ is visible: the launch overlaps the previous kernel's tail.
 Invariants:
 - A kernel that may be launched with `launch()`'s options calls `wait_prior(PDL)` before
   its first global load or store (the previous kernel may still be writing what it reads,
-  or reading memory the allocator has handed it to write), and `release_next(PDL)` once
-  its main work is issued (before the epilogue's stores: a dependent's programs then wait
-  on resident slots only for this kernel's tail).
+  or reading memory the allocator has handed it to write), and `release_next(PDL)` after
+  it. The next grid launches only once every program of this one has released or exited,
+  i.e. once all of them are resident, so its parked programs never take a slot this kernel
+  still needs; and since a kernel releases only after its own wait, at most two grids
+  (one running, one parked) overlap. Where in a program the release sits (right after the
+  wait, or after its main loads) only moves when the next launch may begin.
 - Nothing numeric changes: the wait is a barrier before the kernel's first access, so
   every value is computed from the same inputs in the same order (bitwise the launch
   without PDL; `tests/kernels/test_dependent_launch.py`).
