@@ -37,8 +37,8 @@ twelfth session did), and collections run after a step, at most a young or a mid
 while the batch is busy (`rlsys.engine.gc_steps`, what the replica does since the
 twenty-fourth session; `--no-gc-steps`: the interpreter's own thresholds, inside steps);
 a step's time includes the collection after it. `--pdl on,off`: the decode graphs captured
-with programmatic dependent launch (`rlsys.kernels.triton_ops.pdl`, the default) and
-without, one set of rows each, named in the first cell.
+with programmatic dependent launch (`rlsys.kernels.triton_ops.pdl`) and without, one set
+of rows each, named in the first cell (default: the module's setting, unnamed).
 """
 
 from __future__ import annotations
@@ -342,9 +342,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--pdl",
-        default="on",
+        default="",
         help="comma list: on, off (decode graphs' kernels with programmatic dependent launch; "
-        "pdl.DECODE_GRAPHS), one set of rows each",
+        "pdl.DECODE_GRAPHS), one set of rows each (default: the module's setting)",
     )
     args = parser.parse_args()
     started = time.perf_counter()
@@ -369,9 +369,10 @@ def main() -> None:
     print(
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
+    settings = [d == "on" for d in args.pdl.split(",")] if args.pdl else [pdl.DECODE_GRAPHS]
     for dependent, tile, kernels, prompt in (
-        (d == "on", t, k, int(p))
-        for d in args.pdl.split(",")
+        (d, t, k, int(p))
+        for d in settings
         for t in tiles
         for k in args.kernels.split(",")
         for p in args.prompts.split(",")
@@ -381,7 +382,7 @@ def main() -> None:
             lin.FP32_TILES[router] = tile
             label_k += f", router {tile.bm}/{tile.bn}/{tile.warps}/{tile.stages}"
         pdl.DECODE_GRAPHS = dependent  # read when the runner captures its graphs
-        if args.pdl != "on":
+        if args.pdl:
             label_k += f", PDL {'on' if dependent else 'off'}"
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
