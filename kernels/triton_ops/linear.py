@@ -193,6 +193,7 @@ def _matmul(
     Y's dtype. Split: program_id(2) = chunk c computes chunk c's fp32 product alone and
     stores it at P[c] (P[NCH + c] for w3's under SWIGLU); `_tree_reduce` adds them."""
     pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -221,14 +222,11 @@ def _matmul(
         at = row0.to(tl.int64) * N + pid_n * BN + (rm[:, None] * N + rn[None, :])
         p = _chunk_acc(x_tile, w_tile, rm, rn, m_mask, n_mask, c * size, size, sx_m, sx_k, sw_n, sw_k,
                        BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
+        tl.store(P + c.to(tl.int64) * MN + at, p, mask=mask)
         if SWIGLU:
             p3 = _chunk_acc(x_tile, w3_tile, rm, rn, m_mask, n_mask, c * size, size, sx_m, sx_k, sw_n,
                             sw_k, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-            pdl.release_next(PDL)
             tl.store(P + (NCH + c).to(tl.int64) * MN + at, p3, mask=mask)
-        else:
-            pdl.release_next(PDL)
-        tl.store(P + c.to(tl.int64) * MN + at, p, mask=mask)
     else:
         acc = _tree(x_tile, w_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
                     NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
@@ -237,7 +235,6 @@ def _matmul(
             a3 = _tree(x_tile, w3_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
                        NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
             acc = _swiglu(acc, a3)
-        pdl.release_next(PDL)
         y_tile = Y + row0.to(tl.int64) * sy_m + (pid_n * BN).to(tl.int64) * sy_n
         tl.store(y_tile + (rm[:, None] * sy_m + rn[None, :] * sy_n), acc.to(Y.dtype.element_ty),
                  mask=mask)  # fmt: skip

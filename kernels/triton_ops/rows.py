@@ -30,6 +30,7 @@ def _rms_norm(
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     # ROWS rows per program, each reduced along its own axis-1 slice (same tree per row).
     # HAS_RES: x = X + R (the residual add, fp32) is stored to H, then normalised; R is
     # the balanced tree of R_NCH chunk products r_mn apart (`partials`; 1: R itself).
@@ -40,8 +41,6 @@ def _rms_norm(
     if HAS_RES:
         r = _tree_of(R, row[:, None].to(tl.int64) * sr + c[None, :], r_mn, mask, R_NCH)
         x = x + r.to(tl.float32)
-    pdl.release_next(PDL)
-    if HAS_RES:
         tl.store(H + row[:, None] * sh + c[None, :], x, mask=mask)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     gamma = tl.load(G + c, mask=c < n_cols, other=0.0).to(tl.float32)
