@@ -38,7 +38,9 @@ while the batch is busy (`rlsys.engine.gc_steps`, what the replica does since th
 twenty-fourth session; `--no-gc-steps`: the interpreter's own thresholds, inside steps);
 a step's time includes the collection after it. `--pdl on,off`: the decode graphs captured
 with programmatic dependent launch (`rlsys.kernels.triton_ops.pdl`) and without, one set
-of rows each, named in the first cell (default: the module's setting, unnamed).
+of rows each, named in the first cell (default: the module's setting, unnamed);
+`--combine-norm on,off` likewise for a block's MoE combine fused into the next block's norm
+(`rlsys.model.transformer.DEFER_COMBINE`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ from rlsys.engine.runners import make_runner  # noqa: E402
 from rlsys.engine.tp_dist import DistTPRunner  # noqa: E402
 from rlsys.kernels.triton_ops import linear as lin  # noqa: E402
 from rlsys.kernels.triton_ops import pdl  # noqa: E402
-from rlsys.model import RoutingRecorder, Transformer  # noqa: E402
+from rlsys.model import RoutingRecorder, Transformer, transformer  # noqa: E402
 from rlsys.model.decode_layout import StaticDecodeLayout  # noqa: E402
 
 
@@ -346,6 +348,12 @@ def main() -> None:
         help="comma list: on, off (decode graphs' kernels with programmatic dependent launch; "
         "pdl.DECODE_GRAPHS), one set of rows each (default: the module's setting)",
     )
+    parser.add_argument(
+        "--combine-norm",
+        default="",
+        help="comma list: on, off (a block's MoE combine fused into the next block's norm; "
+        "transformer.DEFER_COMBINE), one set of rows each (default: the module's setting)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -370,9 +378,15 @@ def main() -> None:
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     settings = [d == "on" for d in args.pdl.split(",")] if args.pdl else [pdl.DECODE_GRAPHS]
-    for dependent, tile, kernels, prompt in (
-        (d, t, k, int(p))
+    combines = (
+        [c == "on" for c in args.combine_norm.split(",")]
+        if args.combine_norm
+        else [transformer.DEFER_COMBINE]
+    )
+    for dependent, deferred, tile, kernels, prompt in (
+        (d, c, t, k, int(p))
         for d in settings
+        for c in combines
         for t in tiles
         for k in args.kernels.split(",")
         for p in args.prompts.split(",")
@@ -384,6 +398,9 @@ def main() -> None:
         pdl.DECODE_GRAPHS = dependent  # read when the runner captures its graphs
         if args.pdl:
             label_k += f", PDL {'on' if dependent else 'off'}"
+        transformer.DEFER_COMBINE = deferred
+        if args.combine_norm:
+            label_k += f", combine+norm {'on' if deferred else 'off'}"
         for tp in (int(t) for t in args.tp.split(",")):
             for reduce in args.reduce.split(",") if tp > 1 else ["-"]:
                 for graphs, overlap in (

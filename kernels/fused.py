@@ -1,5 +1,6 @@
-"""Fused forms of the model's glue (norm + cast, residual add + norm, the sigmoid), one
-launch each on the Triton path where the unfused form takes several.
+"""Fused forms of the model's glue (norm + cast, residual add + norm, the MoE combine + the
+next norm, the sigmoid), one launch each on the Triton path where the unfused form takes
+several.
 
 Each function is, on every path, bitwise the unfused expression it replaces, so a caller
 may take either form and engine and trainer still agree:
@@ -15,7 +16,8 @@ Invariant: importing this module imports torch only.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -23,6 +25,9 @@ from torch import Tensor
 from rlsys import kernels
 from rlsys.kernels import reference
 from rlsys.kernels.dispatch import use_triton
+
+if TYPE_CHECKING:
+    from rlsys.kernels.triton_ops.partials import Partials
 
 
 def needs_grad(*tensors: Tensor) -> bool:
@@ -81,3 +86,32 @@ def add_rms_norm_to(
     from rlsys.kernels.triton_ops.rows import add_rms_norm_fwd
 
     return add_rms_norm_fwd(h, a, gamma, eps, dtype)
+
+
+@dataclass(frozen=True)
+class CombineInputs:
+    """The operands of the fused inference MoE's combine (`triton_ops.moe_route.combine_fwd`:
+    h + shared + sum_j gates[:, j] * ys[pos[:, j]]), not yet combined: what `MoE` returns
+    when its output goes straight into the next block's norm (`combine_rms_norm_to`)."""
+
+    h: Tensor  # (N, d) fp32, the residual entering the MoE
+    ys: Tensor | Partials  # (N * k, d) fp32 the experts' rows, sorted by expert
+    pos: Tensor  # (N, k) the sorted row of each (token, slot)
+    gates: Tensor  # (N, k)
+    shared: Tensor | Partials | None  # (N, d) fp32 the shared expert's output, if any
+
+    def materialise(self) -> Tensor:
+        """h + the MoE's output, (N, d) fp32: `combine_fwd` itself."""
+        from rlsys.kernels.triton_ops.moe_route import combine_fwd
+
+        return combine_fwd(self.h, self.ys, self.pos, self.gates, self.shared)
+
+
+def combine_rms_norm_to(
+    inputs: CombineInputs, gamma: Tensor, eps: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """`(h := inputs.materialise(), rms_norm(h, gamma, eps).to(dtype))` in one launch
+    (`triton_ops.combine_norm`; `CombineInputs` exist only on the fused inference path)."""
+    from rlsys.kernels.triton_ops.combine_norm import combine_rms_norm_fwd
+
+    return combine_rms_norm_fwd(inputs, gamma, eps, dtype)

@@ -9,9 +9,11 @@
 #   router    the fp32 router product's tiles (benchmarks/bench_router_product.py, ROUTER_SHAPES),
 #             then bench_engine_gpu.py at batch 64 and 1 with the default tile and the sweep's
 #             best (--router-tile), in one process (ROUTER_PRESET must own the first shape)
-#   pdl       programmatic dependent launch in decode graphs: its tests and the decode-graph
-#             tests (bitwise the eager step), then bench_engine_gpu.py --pdl on,off (`large`
-#             4K, PDL_BATCHES, default 64 then 1), then the router's old tile without PDL
+#   pdl       programmatic dependent launch in decode graphs: its tests, the decode-graph
+#             tests (bitwise the eager step) and the fused combine + norm's, then
+#             bench_engine_gpu.py --pdl on,off (`large` 4K, PDL_BATCHES, default 64 then 1;
+#             PDL_BENCH_ARGS adds, e.g. --combine-norm on,off), then the router's old tile
+#             without PDL
 #   istream   the streamed indexer selection: its tests, then bench_indexer.py buffered (saved)
 #             and streamed (compared bitwise), bitmap only, 32K and 128K (ISTREAM_ARGS)
 #   graphs    the CUDA-graph decode and activation-checkpointing tests, and the GPU tests
@@ -143,11 +145,12 @@ for step in "$@"; do
     pdl)
       RLSYS_PDL=1 timeout "${PDL_TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider \
         -o addopts= tests/kernels/test_dependent_launch.py tests/engine/test_decode_graphs.py \
+        tests/kernels/test_combine_norm.py tests/model/test_fused_inference.py \
         2>&1 | tee "$OUT/pdl_tests.log" | tail -4
       for b in ${PDL_BATCHES:-64 1}; do
         timeout "${PDL_ENGINE_TIMEOUT:-200}" python3 benchmarks/bench_engine_gpu.py --preset large \
-          --batches "$b" --prompts 4096 --graphs on --kernels invariant --pdl on,off 2>&1 \
-          | grep -E "^\| inv|Error" | tee -a "$OUT/pdl.log"
+          --batches "$b" --prompts 4096 --graphs on --kernels invariant --pdl on,off \
+          ${PDL_BENCH_ARGS:-} 2>&1 | grep -E "^\| inv|Error" | tee -a "$OUT/pdl.log"
       done
       timeout "${PDL_ROUTER_TIMEOUT:-150}" python3 benchmarks/bench_engine_gpu.py --preset large \
         --batches 64 --prompts 4096 --graphs on --kernels invariant --pdl off \

@@ -42,10 +42,24 @@ def _rms_norm(
         r = _tree_of(R, row[:, None].to(tl.int64) * sr + c[None, :], r_mn, mask, R_NCH)
         x = x + r.to(tl.float32)
         tl.store(H + row[:, None] * sh + c[None, :], x, mask=mask)
+    norm_rows(x, row, c, mask, n_cols, eps, G, Y, sy)
+
+
+@triton.jit
+def norm_rows(x, row, c, mask, n_cols, eps, G, Y, sy):
+    """Store the zero-centred RMSNorm of x (ROWS, BLOCK) fp32, rows `row`, columns `c`,
+    to Y in its dtype. Every kernel that norms a row calls this, on a tensor of the shape
+    `norm_shape` gives, so the reduction (its tree, given the layout) is one."""
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     gamma = tl.load(G + c, mask=c < n_cols, other=0.0).to(tl.float32)
     y = x * inv[:, None] * (1.0 + gamma)[None, :]
     tl.store(Y + row[:, None] * sy + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+def norm_shape(d: int) -> tuple[int, int]:
+    """(BLOCK, ROWS): the padded row width and the rows per program of a norm of width d."""
+    block = triton.next_power_of_2(d)
+    return block, max(1, ROW_ELEMENTS // block)
 
 
 @triton.jit
@@ -88,8 +102,7 @@ def _launch_norm(
             r = _rows(res) if res is not None else rows
             r_stride, r_nch, r_mn = r.stride(0), 1, 0
         hh = h if h is not None else out
-        block = triton.next_power_of_2(d)
-        per = max(1, ROW_ELEMENTS // block)
+        block, per = norm_shape(d)
         # no FMA contraction: the add, the square sum and the scaling round as written, in
         # every specialisation (with or without the residual, any output dtype)
         _rms_norm[(triton.cdiv(rows.shape[0], per),)](

@@ -51,17 +51,28 @@ class Block(nn.Module):
 
     def forward(
         self,
-        h: Tensor,
+        h: Tensor | fused.CombineInputs,
         positions: Tensor,
         spans: list[SeqSpan],
         caches: list[LayerCache] | TritonKV,
         routing: Routing | None = None,
         aux: AuxLosses | None = None,
-    ) -> Tensor:
+        defer_combine: bool = False,
+    ) -> Tensor | fused.CombineInputs:
+        """h (N, d) fp32 -> (N, d) fp32. At inference h may be the previous block's MoE
+        combine, unevaluated (`fused.CombineInputs`): this block's first norm combines it
+        in its own launch; with `defer_combine` (the next block takes it so) this block's
+        MoE may return its own combine unevaluated. Either way the values are the eager
+        block's, bitwise."""
         an, fn = self.attn_norm, self.ffn_norm
-        x = fused.rms_norm_to(h, an.gamma, an.eps, self.dtype)
+        if isinstance(h, fused.CombineInputs):
+            h, x = fused.combine_rms_norm_to(h, an.gamma, an.eps, self.dtype)
+        else:
+            x = fused.rms_norm_to(h, an.gamma, an.eps, self.dtype)
         a = self.attn(x, positions, spans, caches, aux, routing)
         h, x = fused.add_rms_norm_to(h, a, fn.gamma, fn.eps, self.dtype)
         if isinstance(self.ffn, MoE):  # the MoE adds its output to the residual itself
-            return self.clamp(self.ffn(x, routing, aux, residual=h))
+            out = self.ffn(x, routing, aux, residual=h, defer_combine=defer_combine)
+            # an unevaluated combine exists only without autograd: no gradient to clamp
+            return out if isinstance(out, fused.CombineInputs) else self.clamp(out)
         return self.clamp(h + self.ffn(x).float())

@@ -108,10 +108,14 @@ class MoE(nn.Module):
         routing: Routing | None = None,
         aux: AuxLosses | None = None,
         residual: Tensor | None = None,
-    ) -> Tensor:
-        """x (N, d) in compute dtype -> (N, d) fp32; plus `residual` (N, d) fp32 if given."""
+        defer_combine: bool = False,
+    ) -> Tensor | fused.CombineInputs:
+        """x (N, d) in compute dtype -> (N, d) fp32; plus `residual` (N, d) fp32 if given.
+        `defer_combine`: the caller norms the result next, so the fused inference path may
+        return the combine's operands (`fused.CombineInputs`) for the norm to combine in
+        its own launch (`fused.combine_rms_norm_to`); other paths return the tensor."""
         if residual is not None and self._fusable(x, routing):
-            return self._forward_fused(x, routing, residual)
+            return self._forward_fused(x, routing, residual, defer_combine)
         raw = kernels.linear(x, self.router)  # (N, E) fp32
         scores = fused.sigmoid(raw)
         idx, gates = self._route(scores, routing)
@@ -160,7 +164,9 @@ class MoE(nn.Module):
             and self.cfg.n_experts <= RANK_MAX
         )
 
-    def _forward_fused(self, x: Tensor, routing: Routing | None, residual: Tensor) -> Tensor:
+    def _forward_fused(
+        self, x: Tensor, routing: Routing | None, residual: Tensor, defer_combine: bool
+    ) -> Tensor | fused.CombineInputs:
         """Inference: routing, expert layout and combine as kernels without a sort
         (`triton_ops.moe_route`); the products as the linear dispatcher computes them in
         training, the router's and the down projections' chunk products summed by the
@@ -205,7 +211,8 @@ class MoE(nn.Module):
                 shared = partial_products(shared, sw.w2, sw.row_parallel.chunks)
             else:
                 shared = sw.row_parallel.partial(shared, sw.w2)
-        return mr.combine_fwd(residual, ys, pos, gates, shared)
+        combine = fused.CombineInputs(residual, ys, pos, gates, shared)
+        return combine if defer_combine else combine.materialise()
 
     def _reduce(self, expert_out: Tensor, shared: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Combine TP ranks' subtotals (routed and shared experts in one gather)."""

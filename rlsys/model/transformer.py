@@ -42,6 +42,11 @@ from rlsys.model.trunk_graphs import BlockRunner, TrunkBuilder, TrunkGraphs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
+# At inference, a block's MoE combine is left to the next block's first norm (one launch
+# instead of two per block: `fused.combine_rms_norm_to`), bitwise the same values.
+# `bench_engine_gpu.py --combine-norm on,off` is its A/B.
+DEFER_COMBINE = True
+
 
 @dataclass
 class ModelOutput:
@@ -263,6 +268,7 @@ class Transformer(nn.Module):
         aux: AuxLosses | None,
     ) -> Tensor:
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             if recompute:
                 # the recomputation adds its aux losses again and its expert load twice:
@@ -273,7 +279,18 @@ class Transformer(nn.Module):
 
                 h = checkpoint(run, h, use_reentrant=False)
             else:
-                h = block(h, positions, spans, layer_kv(i), routing, aux)
+                # a block's MoE combine may be left to the next block's first norm (one
+                # launch fewer per block at inference; `Block.forward`), never the last's
+                h = block(
+                    h,
+                    positions,
+                    spans,
+                    layer_kv(i),
+                    routing,
+                    aux,
+                    defer_combine=DEFER_COMBINE and i < last,
+                )
+        assert isinstance(h, Tensor)
         return h
 
     def _packed(self, spans: list[SeqSpan], dev: torch.device) -> TrunkBuilder:

@@ -23,6 +23,7 @@ pytest.importorskip("triton")
 from rlsys.kernels.triton_ops import (  # noqa: E402
     attention_fwd,
     attention_split,
+    combine_norm,
     grouped_decode,
     indexer,
     linear,
@@ -40,6 +41,7 @@ DECODE_KERNELS = [
     moe_route._route, moe_route._expert_layout, moe_route._gather_rows, moe_route._combine,
     grouped_decode._grouped_swiglu_rows, grouped_decode._grouped_tree_rows,
     indexer._index_scores, indexer._topk_select, indexer._union_steps,
+    combine_norm._combine_rms_norm,
 ]  # fmt: skip
 
 
