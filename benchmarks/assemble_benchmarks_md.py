@@ -70,6 +70,7 @@ ORDER = [
     "gpu_forward_walk",
     "gpu_h200_rows",
     "gpu_router_tile",
+    "gpu_pdl",
     "ci_time",
 ]
 

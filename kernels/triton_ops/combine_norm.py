@@ -12,11 +12,19 @@ Invariants:
   shared tree, then each slot's gate * row added in slot order, then h added), each step
   rounded as written (no FMA contraction); an elementwise value does not depend on how
   rows and columns are split over programs.
-- The norm is bitwise `rows.rms_norm_fwd(h')`: the same rows per program and block width
-  (`rows.norm_shape`), the same warps, and the same reduction code (`rows.norm_rows`) over
-  an fp32 [ROWS, BLOCK] tensor loaded with the same contiguity, so the compiler lays out
-  and reduces it alike (`tests/kernels/test_combine_norm.py` compares the reduction's
-  layout in the sm_90 compile, and the values on every path).
+- The norm is bitwise `rows.rms_norm_fwd(h')`: the same block width (`rows.norm_shape`),
+  the same warps, and the same reduction code (`rows.norm_rows`) over an fp32 [ROWS, BLOCK]
+  tensor loaded with the same contiguity, so the compiler lays out and reduces each row
+  alike (`tests/kernels/test_combine_norm.py` compares the reduction's layout in the sm_90
+  compile, and the values on every path). Rows per program: where a row fills the
+  program's threads (BLOCK >= `ONE_ROW_BLOCK`), all 4 warps lie along the row whatever
+  ROWS is, so the fused kernel takes one row per program (as many programs as the combine
+  had); below that, the norm's ROWS (warps then also lie along the rows).
+
+Measured on the H100 (thirty-first session) with 4 rows per program at `large` (d 1,024):
+no faster than the two launches under PDL (batch 64 6.76 against 6.71 ms per step, batch 1
+3.18 both, batch 256 15.53 against 15.33), so `transformer.DEFER_COMBINE` is off; one row
+per program is built and checked offline, not yet timed.
 - `CombineInputs.materialise()` (`rlsys.kernels.fused`) is `combine_fwd` itself: any
   consumer that is not a norm gets the tensor it always got.
 """
@@ -34,6 +42,10 @@ from rlsys.kernels.triton_ops.common import check_device
 from rlsys.kernels.triton_ops.linear import _tree_of
 from rlsys.kernels.triton_ops.moe_route import _rows_of
 from rlsys.kernels.triton_ops.rows import norm_rows, norm_shape
+
+# the padded row width from which the norm's 4 warps x 32 threads x 8 elements lie along one
+# row (the sm_90 layout `rows._rms_norm` gets at d = 1,024 for any ROWS)
+ONE_ROW_BLOCK = 1024
 
 
 @triton.jit
@@ -80,6 +92,7 @@ def combine_rms_norm_fwd(
     out = torch.empty(n, d, dtype=out_dtype, device=h.device)
     if n:
         block, rows = norm_shape(d)
+        rows = 1 if block >= ONE_ROW_BLOCK else rows
         sp, s_stride, s_nch, s_mn = _rows_of(inputs.shared if inputs.shared is not None else h)
         # no FMA contraction: every product and sum rounds as in `_combine` and `_rms_norm`
         _combine_rms_norm[(triton.cdiv(n, rows),)](

@@ -42,10 +42,11 @@ from rlsys.model.trunk_graphs import BlockRunner, TrunkBuilder, TrunkGraphs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-# At inference, a block's MoE combine is left to the next block's first norm (one launch
-# instead of two per block: `fused.combine_rms_norm_to`), bitwise the same values.
+# At inference, a block's MoE combine left to the next block's first norm (one launch
+# instead of two per block: `fused.combine_rms_norm_to`), bitwise the same values. Off: on
+# the H100 it was no faster than the two launches under PDL (`triton_ops.combine_norm`);
 # `bench_engine_gpu.py --combine-norm on,off` is its A/B.
-DEFER_COMBINE = True
+DEFER_COMBINE = False
 
 
 @dataclass

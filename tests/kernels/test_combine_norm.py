@@ -83,15 +83,17 @@ def _reduce_layout(ttgir: str) -> str:
     return aliases[reduces[0]]
 
 
-@pytest.mark.parametrize("d", [1024, 256])
+@pytest.mark.parametrize("d", [2048, 1024, 256])
 def test_the_compiled_row_reduction_is_laid_out_as_the_norms(d: int) -> None:
-    """Compiled for sm_90 offline (no GPU): the fused kernel's row sum runs over a tensor in
-    the layout of `_rms_norm`'s, so the two reduce each row in the same tree (the GPU tests
-    compare the values)."""
+    """Compiled for sm_90 offline (no GPU): the fused kernel's row sum, at its own rows per
+    program, runs over a tensor in the layout of `_rms_norm`'s, so the two reduce each row in
+    the same tree (the GPU tests compare the values)."""
+    from rlsys.kernels.triton_ops.combine_norm import ONE_ROW_BLOCK
     from rlsys.kernels.triton_ops.offline import compile_ir
     from rlsys.kernels.triton_ops.rows import norm_shape
 
     block, rows = norm_shape(d)
+    fused_rows = 1 if block >= ONE_ROW_BLOCK else rows
     ptrs = {"G": "*fp32", "Y": "*bf16", "eps": "fp32"}
     norm = compile_ir(
         "rlsys.kernels.triton_ops.rows:_rms_norm",
@@ -113,7 +115,7 @@ def test_the_compiled_row_reduction_is_laid_out_as_the_norms(d: int) -> None:
             "OUT": "*bf16",
             "eps": "fp32",
         },  # fmt: skip
-        {"K": 8, "HAS_SHARED": True, "BLOCK": block, "ROWS": rows, "Y_NCH": 2, "S_NCH": 4},
+        {"K": 8, "HAS_SHARED": True, "BLOCK": block, "ROWS": fused_rows, "Y_NCH": 2, "S_NCH": 4},
         {"num_warps": 4},
         divisible=("sh", "sy", "ss", "sho", "so", "y_mn", "s_mn"),
     )
