@@ -39,8 +39,7 @@ from torch import Tensor
 from rlsys.kernels.fused import CombineInputs
 from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device
-from rlsys.kernels.triton_ops.linear import _tree_of
-from rlsys.kernels.triton_ops.moe_route import _rows_of
+from rlsys.kernels.triton_ops.moe_route import _rows_of, combined_rows
 from rlsys.kernels.triton_ops.rows import norm_rows, norm_shape
 
 # the padded row width from which the norm's 4 warps x 32 threads x 8 elements lie along one
@@ -62,18 +61,11 @@ def _combine_rms_norm(
     r64 = row.to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = live[:, None] & (c < n_cols)[None, :]
-    # `moe_route._combine`'s expression, term by term
-    if HAS_SHARED:
-        acc = _tree_of(SHARED, r64[:, None] * ss + c[None, :], s_mn, mask, S_NCH)
-    else:
-        acc = tl.zeros([ROWS, BLOCK], tl.float32)
-    for j in tl.static_range(K):
-        p = tl.load(POS + r64 * sp + j, mask=live, other=0).to(tl.int64)
-        g = tl.load(GATES + r64 * sg + j, mask=live, other=0.0)
-        y = _tree_of(Y, p[:, None] * sy + c[None, :], y_mn, mask, Y_NCH)
-        acc = acc + g[:, None] * y.to(tl.float32)
-    h = tl.load(H + r64[:, None] * sh + c[None, :], mask=mask, other=0.0)
-    x = h + acc
+    # `moe_route._combine`'s values
+    x = combined_rows(
+        H, Y, POS, GATES, SHARED, r64, live, c, mask, sh, sy, sp, sg, ss, y_mn, s_mn,
+        K, HAS_SHARED, ROWS, BLOCK, Y_NCH, S_NCH,
+    )  # fmt: skip
     tl.store(HOUT + r64[:, None] * sho + c[None, :], x, mask=mask)
     norm_rows(x, row, c, mask, n_cols, eps, G, OUT, so)
 

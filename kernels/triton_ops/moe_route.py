@@ -213,17 +213,33 @@ def _combine(
     c = tl.arange(0, BLOCK)
     for c0 in range(0, d, BLOCK):
         m = live[:, None] & (c0 + c < d)[None, :]
-        if HAS_SHARED:
-            acc = _tree_of(SHARED, r64[:, None] * ss + c0 + c[None, :], s_mn, m, S_NCH)
-        else:
-            acc = tl.zeros([ROWS, BLOCK], tl.float32)
-        for j in tl.static_range(K):
-            p = tl.load(POS + r64 * sp + j, mask=live, other=0).to(tl.int64)
-            g = tl.load(GATES + r64 * sg + j, mask=live, other=0.0)
-            y = _tree_of(Y, p[:, None] * sy + c0 + c[None, :], y_mn, m, Y_NCH)
-            acc = acc + g[:, None] * y.to(tl.float32)
-        h = tl.load(H + r64[:, None] * sh + c0 + c[None, :], mask=m, other=0.0)
-        tl.store(OUT + r64[:, None] * so + c0 + c[None, :], h + acc, mask=m)
+        x = combined_rows(
+            H, Y, POS, GATES, SHARED, r64, live, c0 + c, m, sh, sy, sp, sg, ss, y_mn, s_mn,
+            K, HAS_SHARED, ROWS, BLOCK, Y_NCH, S_NCH,
+        )  # fmt: skip
+        tl.store(OUT + r64[:, None] * so + c0 + c[None, :], x, mask=m)
+
+
+@triton.jit
+def combined_rows(
+    H, Y, POS, GATES, SHARED, r64, live, cols, m, sh, sy, sp, sg, ss, y_mn, s_mn,
+    K: tl.constexpr, HAS_SHARED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    Y_NCH: tl.constexpr, S_NCH: tl.constexpr,
+):  # fmt: skip
+    """h + (shared + sum_j gates[:, j] * y[pos[:, j]]) of rows r64, columns `cols` (mask
+    m), fp32: the shared expert's tree, then each slot's gate * row in slot order, then h,
+    each step rounded as written (launch without FMA contraction)."""
+    if HAS_SHARED:
+        acc = _tree_of(SHARED, r64[:, None] * ss + cols[None, :], s_mn, m, S_NCH)
+    else:
+        acc = tl.zeros([ROWS, BLOCK], tl.float32)
+    for j in tl.static_range(K):
+        p = tl.load(POS + r64 * sp + j, mask=live, other=0).to(tl.int64)
+        g = tl.load(GATES + r64 * sg + j, mask=live, other=0.0)
+        y = _tree_of(Y, p[:, None] * sy + cols[None, :], y_mn, m, Y_NCH)
+        acc = acc + g[:, None] * y.to(tl.float32)
+    h = tl.load(H + r64[:, None] * sh + cols[None, :], mask=m, other=0.0)
+    return h + acc
 
 
 def _rows_of(t: Tensor | Partials) -> tuple[Tensor, int, int, int]:
