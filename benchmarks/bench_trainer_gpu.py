@@ -3,7 +3,7 @@ sequences, with the invariant products and with every product on plain cuBLAS (t
 
 Usage (GPU machine): python benchmarks/bench_trainer_gpu.py [--preset large]
     [--lengths 8192,32768] [--checkpointing off,on] [--repeat 2] [--linear invariant,plain]
-    [--pack 1] [--graphs off,on]
+    [--pack 1] [--graphs off,on] [--pdl on,off]
 
 Per sequence length and linear mode (`rlsys.kernels.triton_ops.products`: `invariant` is the
 engine's forward, `plain` every product on cuBLAS / grouped GEMM with its default
@@ -28,6 +28,9 @@ the process holds: a graph replay's kernels use the graph's memory pool without 
 allocator, so only the reserved peak counts it).
 `--pack 2` packs both sequences into one micro-batch (`micro_batch_tokens` = 2 x length)
 instead of one each: half the launches per token, where the host bounds the step.
+`--pdl on,off`: the trunk graphs captured with programmatic dependent launch
+(`rlsys.kernels.triton_ops.pdl.TRUNK_GRAPHS`) and without, per linear mode; the anchor
+(the ratio's denominator) is the last mode.
 """
 
 from __future__ import annotations
@@ -224,6 +227,13 @@ def main() -> None:
     p.add_argument("--linear", default="invariant,plain", help="comma list of linear modes")
     p.add_argument("--pack", type=int, default=1, help="sequences per micro-batch (1 or 2)")
     p.add_argument("--graphs", default="off", help="comma list: trunk as CUDA graphs off / on")
+    p.add_argument(
+        "--pdl",
+        default="",
+        help="comma list: on, off (the trunk graphs' Triton kernels with programmatic "
+        "dependent launch, RLSYS_PDL_TRAINER), one set of rows each per linear mode "
+        "(default: the module's setting, unnamed)",
+    )
     p.add_argument("--child", action="store_true", help="run one mode in this process")
     args = p.parse_args()
     if args.child:
@@ -239,13 +249,23 @@ def main() -> None:
         "replay on, chunked LM head"
     )
     print(describe(device_peak()))
-    modes = args.linear.split(",")
+    # a mode: a linear mode, with PDL named where --pdl asks for it
+    modes = [
+        f"{linear}, PDL {dependent}" if dependent else linear
+        for linear in args.linear.split(",")
+        for dependent in (args.pdl.split(",") if args.pdl else [""])
+    ]
     rows: dict[str, list[dict]] = {mode: [] for mode in modes}
     for length in args.lengths.split(","):  # each length for every mode before the next
         for mode in modes:
+            linear, _, dependent = mode.partition(", PDL ")
             # plain: cuBLAS with its default workspace (the invariant mode's is set at import)
-            env = {k: v for k, v in os.environ.items() if mode != "plain" or k not in WORKSPACE_ENV}
-            env["RLSYS_LINEAR"] = mode
+            env = {
+                k: v for k, v in os.environ.items() if linear != "plain" or k not in WORKSPACE_ENV
+            }
+            env["RLSYS_LINEAR"] = linear
+            if dependent:
+                env["RLSYS_PDL_TRAINER"] = "1" if dependent == "on" else "0"
             cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--lengths",
                    length, "--checkpointing", args.checkpointing, "--repeat", str(args.repeat),
                    "--pack", str(args.pack), "--graphs", args.graphs]  # fmt: skip

@@ -20,6 +20,9 @@
 #             they touch (Triton path, trainer on CUDA)
 #   engine    benchmarks/bench_engine_gpu.py (engine decode throughput, medium; ENGINE_ARGS)
 #   trainer   benchmarks/bench_trainer_gpu.py (trainer tokens/s and MFU, large; TRAINER_ARGS)
+#   tpdl      the trainer's trunk graphs with programmatic dependent launch: the PDL and
+#             trunk-graph GPU tests with RLSYS_PDL_TRAINER=1 (graphed steps bitwise the eager
+#             ones), then bench_trainer_gpu.py 2 x 8K graphed --pdl on,off (TPDL_ARGS adds)
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
 #             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
@@ -115,6 +118,14 @@ for step in "$@"; do
     trainer)
       timeout "${TRAINER_TIMEOUT:-300}" python3 benchmarks/bench_trainer_gpu.py ${TRAINER_ARGS:-} \
         2>&1 | tee "$OUT/trainer.log" ;;
+    tpdl)
+      RLSYS_PDL_TRAINER=1 timeout "${TPDL_TESTS_TIMEOUT:-200}" python3 -m pytest -q \
+        -p no:cacheprovider -o addopts= tests/kernels/test_dependent_launch.py \
+        tests/trainer/test_trunk_graphs_cuda.py tests/kernels/test_norm_bwd.py \
+        tests/kernels/test_moe_bwd.py 2>&1 | tee "$OUT/tpdl_tests.log" | tail -4
+      timeout "${TPDL_TIMEOUT:-360}" python3 benchmarks/bench_trainer_gpu.py --lengths 8192 \
+        --checkpointing off --graphs on --linear invariant --pdl on,off ${TPDL_ARGS:-} 2>&1 \
+        | tee "$OUT/tpdl.log" | grep -E "^\| |exit" ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;

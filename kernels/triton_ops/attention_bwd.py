@@ -28,6 +28,7 @@ from torch import Tensor
 from rlsys.kernels.attention_plan import PagedKV, QueryTiles
 from rlsys.kernels.host_to_device import index_arrays_on
 from rlsys.kernels.sorting import stable_argsort
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     contiguous_rows,
@@ -82,8 +83,10 @@ def _attn_bwd_dq(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    CONTIG: tl.constexpr = False,
+    CONTIG: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, window, T, G, DP, SPARSE, STEP
     )
@@ -132,7 +135,10 @@ def _attn_bwd_dkv(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     chunk = tl.program_id(0)
     g = tl.program_id(1)
     hkv = tl.num_programs(1)
@@ -206,7 +212,10 @@ def _block_mass(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, CONTIG: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
         tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, 0, T, G, DP, True, STEP
     )
@@ -299,6 +308,7 @@ def attention_backward(
         q, k, v, do, out, lse, delta, dq, *_common_args(q, k, tiles, kv),
         out.stride(0), out.stride(1), step_off, step_ids, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, scale, window, **meta, CONTIG=contiguous_rows(kv), **DQ_LAUNCH,
+        **pdl.launch(q.device),
     )  # fmt: skip
     keys = dkv_keys or DKV_KEYS or step
     _check_dkv_keys(keys, step, kv.page_size, block, sparse is not None)
@@ -313,7 +323,7 @@ def attention_backward(
         chunks["seq"], chunks["step"], chunks["seq_len"], chunks["seq_tile0"], chunks["seq_ntiles"],
         inv_off, inv_tiles, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, scale, window, **{**meta, "STEP": keys},
-        **(DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH),
+        **(DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH), **pdl.launch(q.device),
     )  # fmt: skip
     return dq, dk, dv
 
@@ -416,6 +426,6 @@ def block_mass(
         scale * LOG2E,
         G=g, T=tiles.T, D=q.shape[2], DP=next_pow2(q.shape[2]), STEP=step, PAGE=kv.page_size,
         BLK=block, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        CONTIG=contiguous_rows(kv), **MASS_LAUNCH,
+        CONTIG=contiguous_rows(kv), **MASS_LAUNCH, **pdl.launch(q.device),
     )  # fmt: skip
     return mass

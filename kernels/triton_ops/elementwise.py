@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device
 
 BLOCK = 1024
@@ -26,7 +27,9 @@ def sigmoid(x):
 
 
 @triton.jit
-def _sigmoid(X, Y, n, BLOCK: tl.constexpr):
+def _sigmoid(X, Y, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + i, mask=i < n, other=0.0).to(tl.float32)
     tl.store(Y + i, sigmoid(x), mask=i < n)
@@ -39,7 +42,7 @@ def sigmoid_fwd(x: Tensor) -> Tensor:
     out = torch.empty(src.shape, dtype=torch.float32, device=x.device)
     if src.numel():
         _sigmoid[(triton.cdiv(src.numel(), BLOCK),)](
-            src, out, src.numel(), BLOCK=BLOCK, enable_fp_fusion=False
+            src, out, src.numel(), BLOCK=BLOCK, enable_fp_fusion=False, **pdl.launch(x.device)
         )
     return out
 

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, next_pow2
 
 TILE_CHUNK = 128  # tiles per step of the program's walk over the table
@@ -35,8 +36,10 @@ ZERO_BLOCK = 2048  # elements per store of `zero_empty_experts`
 @triton.jit
 def _expert_plan(
     COUNTS, T_EXPERT, T_ROW0, T_ROWS, OFFSETS, EMPTY, E, max_tiles,
-    EP: tl.constexpr, CH: tl.constexpr, BM: tl.constexpr,
+    EP: tl.constexpr, CH: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     ids = tl.arange(0, EP)
     on = ids < E
     counts = tl.load(COUNTS + ids, mask=on, other=0).to(tl.int32)
@@ -78,13 +81,15 @@ def expert_plan(
     empty = torch.empty(e, dtype=torch.bool, device=dev)
     _expert_plan[(1,)](
         counts, *tiles, offsets, empty, e, max_tiles,
-        EP=next_pow2(e, 2), CH=TILE_CHUNK, BM=bm,
+        EP=next_pow2(e, 2), CH=TILE_CHUNK, BM=bm, **pdl.launch(dev),
     )  # fmt: skip
     return tiles, offsets, empty  # type: ignore[return-value]
 
 
 @triton.jit
-def _zero_empty(G, EMPTY, per, part, BLOCK: tl.constexpr):
+def _zero_empty(G, EMPTY, per, part, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     e = tl.program_id(0)
     if tl.load(EMPTY + e):  # most experts have rows: their programs load one byte
         start = tl.program_id(1).to(tl.int64) * part
@@ -105,5 +110,7 @@ def zero_empty_experts(grads: Tensor, empty: Tensor) -> Tensor:
     per = grads[0].numel() if e else 0
     if per:
         part = triton.cdiv(triton.cdiv(per, ZERO_SPLIT), ZERO_BLOCK) * ZERO_BLOCK
-        _zero_empty[(e, triton.cdiv(per, part))](grads, empty, per, part, BLOCK=ZERO_BLOCK)
+        _zero_empty[(e, triton.cdiv(per, part))](
+            grads, empty, per, part, BLOCK=ZERO_BLOCK, **pdl.launch(grads.device)
+        )
     return grads

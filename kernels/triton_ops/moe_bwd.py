@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, next_pow2
 
 ELEMENTS = 2048  # tokens x d per program (two tokens at d = 1024)
@@ -38,8 +39,10 @@ ELEMENTS = 2048  # tokens x d per program (two tokens at d = 1024)
 def _combine_bwd(
     G, Y, POS, GATES, GY, GG, n_rows, d, s_g, s_y, s_pos, s_gates, s_gy, s_gg,
     K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-    NEED_Y: tl.constexpr, NEED_GATES: tl.constexpr,
+    NEED_Y: tl.constexpr, NEED_GATES: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = r < n_rows
     r64 = r.to(tl.int64)
@@ -89,14 +92,17 @@ def combine_bwd(
             g, y_sorted, pos, gates, out_y, out_g, n, d, g.stride(0), y_sorted.stride(0),
             pos.stride(0), gates.stride(0), out_y.stride(0), out_g.stride(0),
             K=k, KP=next_pow2(k), BLOCK=block, ROWS=rows, NEED_Y=need_y,
-            NEED_GATES=need_gates, enable_fp_fusion=False,
+            NEED_GATES=need_gates, enable_fp_fusion=False, **pdl.launch(g.device),
         )  # fmt: skip
     return gy, gg
 
 
 @triton.jit
 def _slot_sum(G, POS, GX, n_rows, d, s_g, s_pos, s_gx,
-    K: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    K: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    PDL: tl.constexpr = False):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = r < n_rows
     r64 = r.to(tl.int64)
@@ -123,6 +129,6 @@ def slot_sum(g: Tensor, pos: Tensor) -> Tensor:
         rows = max(1, ELEMENTS // block)
         _slot_sum[(triton.cdiv(n, rows),)](
             g, pos, out, n, d, g.stride(0), pos.stride(0), out.stride(0),
-            K=k, BLOCK=block, ROWS=rows,
+            K=k, BLOCK=block, ROWS=rows, **pdl.launch(g.device),
         )  # fmt: skip
     return out

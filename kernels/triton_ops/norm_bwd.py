@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device, interpreting
 
 ROW_ELEMENTS = 4096  # elements of one ROWS x BLOCK step
@@ -32,7 +33,10 @@ PROGRAMS = 528  # 4 per SM of an H200; fewer when there are fewer row steps
 def _rms_norm_bwd(
     X, G, GAMMA, DX, DG, GR, DA, n_rows, n_cols, sx, sg, sdx, sgr, sda, eps, rows_per_program,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, HAS_DA: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     pid = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     cmask = c < n_cols
@@ -106,6 +110,7 @@ def _launch(
             rows, grads, gamma, dx, partial, gr, out_a, n, d, rows.stride(0), grads.stride(0),
             dx.stride(0), gr.stride(0), out_a.stride(0), eps, rows_per_program,
             BLOCK=block, ROWS=per, HAS_RES=res is not None, HAS_DA=da is not None,
+            **pdl.launch(x.device),
         )  # fmt: skip
     dgamma = partial.sum(0).to(gamma.dtype)
     return dx.view(x.shape), (da.view(x.shape) if da is not None else None), dgamma

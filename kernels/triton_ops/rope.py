@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device
 
 ROWS = 16  # (row, head) pairs per program
@@ -43,7 +44,10 @@ def _rope(
     HALF: tl.constexpr,
     HP: tl.constexpr,
     ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     pair = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = pair < n_pairs
     n = (pair // H).to(tl.int64)
@@ -73,5 +77,6 @@ def rope_fwd(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
             x, y, positions, inv_freq, pairs, h,
             x.stride(0), x.stride(1), y.stride(0), y.stride(1),
             HALF=d // 2, HP=triton.next_power_of_2(d // 2), ROWS=ROWS, enable_fp_fusion=False,
+            **pdl.launch(x.device),
         )  # fmt: skip
     return y

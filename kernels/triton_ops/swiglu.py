@@ -17,13 +17,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.common import check_device
 
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul(A1, A3, Y, n_cols, s_a, s_y, total, BLOCK: tl.constexpr):
+def _silu_mul(A1, A3, Y, n_cols, s_a, s_y, total, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < total
     row, col = idx // n_cols, idx % n_cols
@@ -34,8 +37,13 @@ def _silu_mul(A1, A3, Y, n_cols, s_a, s_y, total, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_bwd(A1, A3, G, D1, D3, n_cols, s_a, s_g, s_d, total, BLOCK: tl.constexpr):
+def _silu_mul_bwd(
+    A1, A3, G, D1, D3, n_cols, s_a, s_g, s_d, total, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     """d a1 = g a3 s (1 + a1 (1 - s)), d a3 = g a1 s, s = sigmoid(a1) (fp32 math)."""
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < total
     row, col = idx // n_cols, idx % n_cols
@@ -63,8 +71,9 @@ def silu_mul(a1: Tensor, a3: Tensor, out_dtype: torch.dtype | None = None) -> Te
     out = torch.empty(rows, h, dtype=out_dtype or a1.dtype, device=a1.device)
     if out.numel():
         _silu_mul[(triton.cdiv(out.numel(), BLOCK),)](
-            a1, a3, out, h, a1.stride(0), out.stride(0), out.numel(), BLOCK=BLOCK
-        )
+            a1, a3, out, h, a1.stride(0), out.stride(0), out.numel(), BLOCK=BLOCK,
+            **pdl.launch(a1.device),
+        )  # fmt: skip
     return out
 
 
@@ -80,6 +89,6 @@ def silu_mul_bwd(a13: Tensor, g: Tensor) -> Tensor:
         total = rows * h
         _silu_mul_bwd[(triton.cdiv(total, BLOCK),)](
             a13, a13[:, h:], g, d, d[:, h:], h, a13.stride(0), g.stride(0), d.stride(0),
-            total, BLOCK=BLOCK,
+            total, BLOCK=BLOCK, **pdl.launch(a13.device),
         )  # fmt: skip
     return d

@@ -54,10 +54,15 @@ Capture = Callable[..., Callable[..., tuple[Tensor, ...]]]
 
 
 def _cuda_capture(call: nn.Module, sample: tuple[Tensor, ...], warmup: int) -> Callable:
-    # every block parameter must get a gradient (`allow_unused_input=False`): see `run`
-    return torch.cuda.make_graphed_callables(
-        call, sample, num_warmup_iters=warmup, allow_unused_input=False
-    )
+    from rlsys.kernels.triton_ops import pdl
+
+    # every block parameter must get a gradient (`allow_unused_input=False`): see `run`;
+    # with `pdl.TRUNK_GRAPHS` the Triton kernels of the forward and backward graphs are
+    # captured with programmatic dependent launch (each starts while the one before it ends)
+    with pdl.dependent_launches(pdl.TRUNK_GRAPHS):
+        return torch.cuda.make_graphed_callables(
+            call, sample, num_warmup_iters=warmup, allow_unused_input=False
+        )
 
 
 class _TrunkCall(nn.Module):

@@ -6,7 +6,8 @@ one whose first load or store came before `wait_prior` would race with it (read 
 not yet written, or overwrite memory the allocator has just handed over). The bits of a
 decode graph captured with PDL against the eager step are `test_decode_graphs`' (on the GPU,
 with `pdl.DECODE_GRAPHS` on, its graphs are captured with dependent launches, the eager
-steps without).
+steps without); the trainer's trunk graphs against the eager trunk are `test_trunk_graphs`'
+(on the GPU with `RLSYS_PDL_TRAINER=1`).
 """
 
 from __future__ import annotations
@@ -21,16 +22,23 @@ import torch
 pytest.importorskip("triton")
 
 from rlsys.kernels.triton_ops import (  # noqa: E402
+    attention_bwd,
     attention_fwd,
     attention_split,
     combine_norm,
+    elementwise,
+    expert_plan,
     grouped_decode,
     indexer,
     linear,
+    moe_bwd,
     moe_route,
+    norm_bwd,
     pdl,
     qkv_post,
+    rope,
     rows,
+    swiglu,
 )
 
 # the kernels of a decode step (`benchmarks/count_decode_kernels.py` lists them), each
@@ -42,6 +50,14 @@ DECODE_KERNELS = [
     grouped_decode._grouped_swiglu_rows, grouped_decode._grouped_tree_rows,
     indexer._index_scores, indexer._topk_select, indexer._union_steps,
     combine_norm._combine_rms_norm,
+]  # fmt: skip
+# the Triton kernels of the trainer's trunk graphs that the decode step does not run (the
+# trunk's forward and backward: `pdl.TRUNK_GRAPHS`), each PDL-aware
+TRAINER_KERNELS = [
+    attention_bwd._attn_bwd_dq, attention_bwd._attn_bwd_dkv, attention_bwd._block_mass,
+    elementwise._sigmoid, expert_plan._expert_plan, expert_plan._zero_empty,
+    moe_bwd._combine_bwd, moe_bwd._slot_sum, norm_bwd._rms_norm_bwd, rope._rope,
+    swiglu._silu_mul, swiglu._silu_mul_bwd,
 ]  # fmt: skip
 
 
@@ -61,8 +77,8 @@ def _calls(stmt: ast.stmt, name: str) -> bool:
     )
 
 
-@pytest.mark.parametrize("kernel", DECODE_KERNELS, ids=lambda k: k.fn.__name__)
-def test_a_decode_kernel_waits_for_the_previous_one_before_anything_else(kernel: object) -> None:
+@pytest.mark.parametrize("kernel", DECODE_KERNELS + TRAINER_KERNELS, ids=lambda k: k.fn.__name__)
+def test_a_pdl_kernel_waits_for_the_previous_one_before_anything_else(kernel: object) -> None:
     params = inspect.signature(kernel.fn).parameters  # type: ignore[attr-defined]
     assert "PDL" in params, "a PDL parameter"
     assert "constexpr" in str(params["PDL"].annotation), "a compile-time one"
