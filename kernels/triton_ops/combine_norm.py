@@ -20,13 +20,13 @@ Invariants:
   program's threads (BLOCK >= `ONE_ROW_BLOCK`), all 4 warps lie along the row whatever
   ROWS is, so the fused kernel takes one row per program (as many programs as the combine
   had); below that, the norm's ROWS (warps then also lie along the rows).
+- `CombineInputs.materialise()` (`rlsys.kernels.fused`) is `combine_fwd` itself: any
+  consumer that is not a norm gets the tensor it always got.
 
 Measured on the H100 (thirty-first session) with 4 rows per program at `large` (d 1,024):
 no faster than the two launches under PDL (batch 64 6.76 against 6.71 ms per step, batch 1
 3.18 both, batch 256 15.53 against 15.33), so `transformer.DEFER_COMBINE` is off; one row
 per program is built and checked offline, not yet timed.
-- `CombineInputs.materialise()` (`rlsys.kernels.fused`) is `combine_fwd` itself: any
-  consumer that is not a norm gets the tensor it always got.
 """
 
 from __future__ import annotations
