@@ -44,8 +44,8 @@ from rlsys.kernels.triton_ops.common import interpreting
 
 # Whether decode graphs (`rlsys.engine.decode_graphs`) capture their kernels with dependent
 # launches (`RLSYS_PDL=0` turns it off for a process). On: on the H100 (thirty-first
-# session) `large` 4K decode went 6.92 -> 6.76 ms per step at batch 64 and 3.48 -> 3.15 ms
-# at batch 1, and the GPU tests (graph steps bitwise the eager ones, engine against
+# session) `large` 4K decode went 6.87 -> 6.68 ms of GPU per step at batch 64 and
+# 3.48 -> 3.15 ms per step at batch 1, and the GPU tests (graph steps bitwise the eager ones, engine against
 # trainer) passed with it; `bench_engine_gpu.py --pdl on,off` is its A/B.
 DECODE_GRAPHS = os.environ.get("RLSYS_PDL", "1") == "1"
 # Whether the trainer's trunk graphs (`rlsys.model.trunk_graphs`: the blocks' forward and
