@@ -23,10 +23,11 @@ Invariants:
 - `CombineInputs.materialise()` (`rlsys.kernels.fused`) is `combine_fwd` itself: any
   consumer that is not a norm gets the tensor it always got.
 
-Measured on the H100 (thirty-first session) with 4 rows per program at `large` (d 1,024):
-no faster than the two launches under PDL (batch 64 6.76 against 6.71 ms per step, batch 1
-3.18 both, batch 256 15.53 against 15.33), so `transformer.DEFER_COMBINE` is off; one row
-per program is built and checked offline, not yet timed.
+Measured on the H100, under PDL, `large` (d 1,024): with 4 rows per program no faster than
+the two launches (thirty-first session: batch 64 6.76 against 6.71 ms per step, batch 1
+3.18 both, batch 256 15.53 against 15.33); with one row per program 1-2% faster (thirty-
+second session, GPU per step: batch 1 3.02 against 3.08 ms, 64 6.42 against 6.49, 256
+14.73 against 14.74), so `transformer.DEFER_COMBINE` is on (`RLSYS_DEFER_COMBINE=0`: off).
 """
 
 from __future__ import annotations

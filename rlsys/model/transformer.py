@@ -18,6 +18,8 @@ Tensor legend: B batch, T time, N packed rows, V vocabulary, d width.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,10 +45,11 @@ from rlsys.model.trunk_graphs import BlockRunner, TrunkBuilder, TrunkGraphs
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # At inference, a block's MoE combine left to the next block's first norm (one launch
-# instead of two per block: `fused.combine_rms_norm_to`), bitwise the same values. Off: on
-# the H100 it was no faster than the two launches under PDL (`triton_ops.combine_norm`);
-# `bench_engine_gpu.py --combine-norm on,off` is its A/B.
-DEFER_COMBINE = False
+# instead of two per block: `fused.combine_rms_norm_to`), bitwise the same values. On: with
+# one row per program it ran 1-2% faster than the two launches under PDL on the H100 (GPU
+# per decode step 3.08 -> 3.02 ms at batch 1, 6.49 -> 6.42 at 64, 14.74 -> 14.73 at 256;
+# `bench_engine_gpu.py --combine-norm on,off`). `RLSYS_DEFER_COMBINE=0` turns it off.
+DEFER_COMBINE = os.environ.get("RLSYS_DEFER_COMBINE", "1") == "1"
 
 
 @dataclass
