@@ -11,14 +11,20 @@ and the per-block attention mass that the indexer's KL loss needs.
   multiple of it: `DKV_KEYS`): a wider chunk reads each visiting tile's Q and dO rows
   once for more keys, and its dK/dV products have M = `dkv_keys` rows (warp-group MMA
   from 64), at the cost of walking the masked keys of tiles that visit only part of it.
+- `_attn_bwd_dkv_by_head` (`DKV_BY_HEAD`, off until timed): the same walk over the step's
+  keys on one warp, a head at a time, with the products transposed (keys as the MMA's
+  rows), so P and dS feed dV and dK without a transpose through shared memory.
 - `_block_mass`: per (query tile, group), the main attention's probability mass on each of
   a query's selected blocks, averaged over the group's heads, at the block's slot in the
-  query's (ascending) selection.
+  query's (ascending) selection. Its product's rows are head-major (h * T + slot, not the
+  walks' slot-major rows) on one warp: the head sum adds row tiles a thread already holds,
+  and visibility and the stores are per query (T rows), not per (query, head).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -37,6 +43,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     query_tile,
     row_visibility,
     sequence_row0,
+    step_bounds,
     step_keys,
     tile_rows,
     visible_step,
@@ -44,8 +51,10 @@ from rlsys.kernels.triton_ops.attention_fwd import (
 from rlsys.kernels.triton_ops.common import dot_precision, interpreting, mma, next_pow2
 
 # Launch options of the backward kernels (trainer only: no engine value to match; any
-# choice gives the same values run to run). Block mass: 2 warps, 3 stages ran 13.6 ->
-# 11.4 ms at the deep-92 shape, 32K, on the H200, bitwise the same mass.
+# choice gives the same values run to run). Block mass: one warp, so the head sum stays in
+# a thread (head-major rows; two warps split the heads and sum them through shared memory);
+# on the H100 at 32K (`bench_block_mass.py`) the slot-major two-warp kernel took 5.65 / 7.53
+# ms at head dim 64 / 128, this one 3.13 / 4.70 (two warps: 9.78 / 11.54).
 DQ_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 DKV_LAUNCH: dict[str, int] = {"num_warps": 4, "num_stages": 3}
 # dK/dV key chunk: None walks the forward's step (16 keys Sparse GQA, 32 SWA: the program
@@ -58,7 +67,18 @@ DKV_KEYS: int | None = None
 # dim 64, 22.8 against 62.1 / 45.6 at 128; SWA the same at 32 keys, 2x slower at 64. So the
 # step stays the default; wider chunks are kept as an option for other shapes.
 DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
-MASS_LAUNCH: dict[str, int] = {"num_warps": 2, "num_stages": 3}
+# dK/dV over the step's keys with the products transposed, a head at a time, on one warp
+# (`_attn_bwd_dkv_by_head`): the same sums in another order (trainer only). Compiled for
+# sm_90 its step loop issues 889 warp instructions per visiting tile against the 4-warp
+# walk's 4 x 399, with 3 barriers (the load pipeline's) against 10; off until timed on a GPU (`RLSYS_DKV_BY_HEAD=1`;
+# `bench_attention_walk.py --backward --dkv-keys 0` under each setting).
+DKV_BY_HEAD = os.environ.get("RLSYS_DKV_BY_HEAD", "0") == "1"
+DKV_BY_HEAD_LAUNCH: dict[str, int] = {"num_warps": 1, "num_stages": 3}
+# Sparse GQA (16-key steps) at head dims up to this: compiled for sm_90 it keeps its two
+# (16, D) accumulators and K, V in registers (190 at 64); at 128, or SWA's 32-key steps, it
+# spills (256 B-2 KB), so those keep `_attn_bwd_dkv`.
+DKV_BY_HEAD_MAX_DIM = 64
+MASS_LAUNCH: dict[str, int] = {"num_warps": 1, "num_stages": 3}
 
 
 @triton.jit
@@ -201,6 +221,92 @@ def _attn_bwd_dkv(
 
 
 @triton.jit
+def _attn_bwd_dkv_by_head(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    q_stride_n, q_stride_h, k_stride_r, k_stride_g,
+    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
+    block_table, bt_stride,
+    chunk_seq, chunk_step, seq_len, seq_tile0, seq_ntiles,
+    inv_off, inv_tiles,
+    sel_bits, sb_stride_n, sb_stride_g,
+    qk_scale, sm_scale, window,
+    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
+    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    """`_attn_bwd_dkv`'s walk with the products transposed, one head at a time: per
+    visiting tile and head, S^T = K Q_h^T and dP^T = V dO_h^T (keys as the MMA's rows), so
+    P^T and dS^T are already the left operands of dV += P^T dO_h and dK += dS^T Q_h; the
+    transposes are of loaded tiles, not of computed ones through shared memory. Launched
+    on one warp: every product has the chunk's STEP keys as rows, and the accumulators are
+    the warp's own."""
+    pdl.wait_prior(PDL)
+    pdl.release_next(PDL)
+    chunk = tl.program_id(0)
+    g = tl.program_id(1)
+    hkv = tl.num_programs(1)
+    seq = tl.load(chunk_seq + chunk)
+    c = tl.load(chunk_step + chunk)
+    kpos = c * STEP + tl.arange(0, STEP)
+    kvalid = kpos < tl.load(seq_len + seq)
+    d = tl.arange(0, DP)
+    k = load_keys(K + g * k_stride_g, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D,
+                  PAGE, STEP)  # fmt: skip
+    v = load_keys(V + g * k_stride_g, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D,
+                  PAGE, STEP)  # fmt: skip
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([STEP, DP], tl.float32)
+    dv = tl.zeros([STEP, DP], tl.float32)
+    if SPARSE:
+        first = tl.load(inv_off + chunk * hkv + g)
+        last = tl.load(inv_off + chunk * hkv + g + 1)
+    else:
+        t0 = tl.load(seq_tile0 + seq)
+        first = t0 + (c * STEP) // T
+        last = t0 + tl.minimum(
+            (c * STEP + STEP - 1 + window - 1) // T + 1, tl.load(seq_ntiles + seq)
+        )
+    for i in range(first, last):
+        if SPARSE:
+            tile = tl.load(inv_tiles + i)
+        else:
+            tile = i
+        # the tile's T query slots (every head of the group sees the same keys)
+        _, lo, hi, _, qpos, present, qrow = tile_rows(
+            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, 1
+        )
+        vis = row_visibility(
+            qpos, present, qrow, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
+            sb_stride_g, SPARSE, BLK, STEP,
+        )  # fmt: skip
+        vis_t = tl.trans(vis & kvalid[None, :])  # (STEP, T): keys as rows
+        for h in tl.static_range(G):
+            head = g * G + h
+            q = _load_rows(Q, qrow, head + 0 * qrow, present, q_stride_n, q_stride_h, d, D)
+            do = _load_rows(DO, qrow, head + 0 * qrow, present, q_stride_n, q_stride_h, d, D)
+            if UPCAST:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
+            delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
+            s_t = mma(k, tl.trans(q), PRECISION, UPCAST) * qk_scale
+            p_t = tl.where(vis_t, tl.exp2(s_t - lse[None, :]), 0.0)
+            dv += mma(p_t.to(do.dtype), do, PRECISION, UPCAST)
+            dp_t = mma(v, tl.trans(do), PRECISION, UPCAST)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += mma(ds_t.to(q.dtype), q, PRECISION, UPCAST)
+    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kvalid, other=0)
+    krow = (page_row + kpos % PAGE).to(tl.int64)
+    offs = krow[:, None] * k_stride_r + g * k_stride_g + d[None, :]
+    out_mask = kvalid[:, None] & (d < D)[None, :]
+    tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
+    tl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
 def _block_mass(
     Q, K, LSE, MASS,
     q_stride_n, q_stride_h, k_stride_r, k_stride_g, m_stride_n, m_stride_g,
@@ -216,20 +322,28 @@ def _block_mass(
 ):  # fmt: skip
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
-    tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
-        tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, step_off, 0, T, G, DP, True, STEP
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    # the tile's T slots: a query's position, presence and row (visibility and the stores
+    # are per query: every head of the group sees the same keys)
+    seq, lo, hi, _, qpos, present, qrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, 1
     )
+    # the product's rows head-major (row h * T + slot): the sum over the group's heads is
+    # then over whole MMA row tiles, additions within a thread, not shuffles across lanes
+    hr = tl.arange(0, G * T)
+    rpos = tl.load(tile_slot0 + tile) + hr % T
+    rpresent = (rpos >= lo) & (rpos < hi)
+    rrow = tl.where(rpresent, tl.load(tile_row + tile) + rpos - lo, 0).to(tl.int64)
+    head = g * G + hr // T
+    d = tl.arange(0, DP)
+    first, last = step_bounds(tile, g, lo, hi, step_off, 0, True, STEP)
     seq_row0 = sequence_row0(block_table, bt_stride, seq, CONTIG)
-    q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
+    q = _load_rows(Q, rrow, head, rpresent, q_stride_n, q_stride_h, d, D)
     if UPCAST:
         q = q.to(tl.float32)
-    lse = tl.load(LSE + qrow * (G * tl.num_programs(1)) + head, mask=present, other=0.0)
-    # per slot: the query's row, and a cursor = selected blocks seen so far
-    slot = tl.arange(0, T)
-    spos = tl.load(tile_slot0 + tile) + slot
-    spresent = (spos >= lo) & (spos < hi)
-    srow = tl.where(spresent, tl.load(tile_row + tile) + spos - lo, 0).to(tl.int64)
-    cursor = tl.zeros([T], tl.int32)
+    lse = tl.load(LSE + rrow * (G * tl.num_programs(1)) + head, mask=rpresent, other=0.0)
+    cursor = tl.zeros([T], tl.int32)  # per slot: selected blocks seen so far
     NB: tl.constexpr = STEP // BLK
     k_base = K + g * k_stride_g
     for i in range(first, last):
@@ -244,19 +358,22 @@ def _block_mass(
         if UPCAST:
             k = k.to(tl.float32)
         s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
-        p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
-        per_slot = tl.sum(tl.reshape(p, (T, G, STEP)), axis=1) / G  # (T, STEP)
-        mass = tl.sum(tl.reshape(per_slot, (T, NB, BLK)), axis=2)  # (T, NB)
+        # a key no row of a slot sees is masked after the head sum (exp2 of its score may be
+        # inf; the select drops it)
+        e = tl.sum(tl.reshape(tl.exp2(s - lse[:, None]), (G, T, STEP)), axis=0)  # (T, STEP)
+        per_slot = tl.where(vis, e, 0.0)
+        mass = tl.sum(tl.reshape(per_slot, (T, NB, BLK)), axis=2) / G  # (T, NB)
         blk = c * NB + tl.arange(0, NB)
+        # a step's NB blocks lie in one 32-block word of a query's bitmap (STEP <= 32 BLK)
         word = tl.load(
-            sel_bits + srow[:, None] * sb_stride_n + g * sb_stride_g + (blk // 32)[None, :],
-            mask=spresent[:, None],
+            sel_bits + qrow * sb_stride_n + g * sb_stride_g + (c * NB) // 32,
+            mask=present,
             other=0,
         )
-        chosen = (((word >> (blk % 32)[None, :]) & 1) == 1) & spresent[:, None]
+        chosen = (((word[:, None] >> (blk % 32)[None, :]) & 1) == 1) & present[:, None]
         rank = cursor[:, None] + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
         tl.store(
-            MASS + srow[:, None] * m_stride_n + g * m_stride_g + rank,
+            MASS + qrow[:, None] * m_stride_n + g * m_stride_g + rank,
             mass,
             mask=chosen,
         )
@@ -318,12 +435,19 @@ def attention_backward(
         if sparse is not None
         else (step_off, step_ids)
     )
-    _attn_bwd_dkv[(chunks["n"], hkv)](
+    by_head = (
+        DKV_BY_HEAD and keys == step and sparse is not None and q.shape[2] <= DKV_BY_HEAD_MAX_DIM
+    )
+    kernel, launch = (
+        (_attn_bwd_dkv_by_head, DKV_BY_HEAD_LAUNCH)
+        if by_head
+        else (_attn_bwd_dkv, DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH)
+    )
+    kernel[(chunks["n"], hkv)](
         q, k, v, do, lse, delta, dk, dv, *_common_args(q, k, tiles, kv),
         chunks["seq"], chunks["step"], chunks["seq_len"], chunks["seq_tile0"], chunks["seq_ntiles"],
         inv_off, inv_tiles, bits, bits.stride(0), bits.stride(1),
-        scale * LOG2E, scale, window, **{**meta, "STEP": keys},
-        **(DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH), **pdl.launch(q.device),
+        scale * LOG2E, scale, window, **{**meta, "STEP": keys}, **launch, **pdl.launch(q.device),
     )  # fmt: skip
     return dq, dk, dv
 

@@ -209,14 +209,28 @@ def _dense_grads(q, k, v, do, lengths, allowed):  # noqa: ANN001, ANN202
 
 # (page size, keys per dK/dV program): the forward's 16-key step, and wider chunks that
 # span several steps (a tile visiting some of them is walked once, its other keys masked)
-DKV_CHUNKS = [(32, None), (32, 32), (64, 64)]
+# ... and the step's keys with the products transposed, a head at a time (Sparse GQA only:
+# `attention_bwd.DKV_BY_HEAD`)
+DKV_CHUNKS = [(32, None, False), (32, None, True), (32, 32, False), (64, 64, False)]
 
 
-@pytest.mark.parametrize(("page", "dkv_keys"), DKV_CHUNKS, ids=["step", "32-keys", "64-keys"])
+@pytest.mark.parametrize(
+    ("page", "dkv_keys", "by_head"), DKV_CHUNKS, ids=["step", "step-by-head", "32-keys", "64-keys"]
+)
 @pytest.mark.parametrize("kind", ["swa", "sparse"])
 def test_backward_matches_autograd_of_the_dense_attention(
-    kind: str, page: int, dkv_keys: int | None, rescale_rule: str
+    kind: str,
+    page: int,
+    dkv_keys: int | None,
+    by_head: bool,
+    rescale_rule: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from rlsys.kernels.triton_ops import attention_bwd
+
+    if by_head and kind == "swa":
+        pytest.skip("the by-head dK/dV walk is Sparse GQA's")
+    monkeypatch.setattr(attention_bwd, "DKV_BY_HEAD", by_head)
     lengths = [40, 7, 50]
     q, k, v, do = _packed(lengths, seed=11)
     kv = contiguous_table(lengths, page, DEV)
