@@ -71,6 +71,7 @@ ORDER = [
     "gpu_h200_rows",
     "gpu_router_tile",
     "gpu_pdl",
+    "gpu_block_mass",
     "ci_time",
 ]
 

@@ -49,10 +49,10 @@ from rlsys.kernels.triton_ops.common import interpreting
 # trainer) passed with it; `bench_engine_gpu.py --pdl on,off` is its A/B.
 DECODE_GRAPHS = os.environ.get("RLSYS_PDL", "1") == "1"
 # Whether the trainer's trunk graphs (`rlsys.model.trunk_graphs`: the blocks' forward and
-# backward) capture their Triton kernels with dependent launches. Off until measured on a GPU
-# (thirty-first session: built and checked on the CPU box, the device time spent on the
-# decode step); `bench_trainer_gpu.py --pdl on,off` is its A/B, `RLSYS_PDL_TRAINER=1` turns
-# it on for a process.
+# backward) capture their Triton kernels with dependent launches. Off: on the H100 it was no
+# faster (`large` 2 x 8K graphed, 30,203 -> 29,882 tok/s; the step is 95% busy with kernels
+# long enough that a launch's latency is not the gap); `bench_trainer_gpu.py --pdl on,off` is
+# its A/B, `RLSYS_PDL_TRAINER=1` turns it on for a process.
 TRUNK_GRAPHS = os.environ.get("RLSYS_PDL_TRAINER", "0") == "1"
 
 _active = False  # inside `dependent_launches(True)`
