@@ -70,8 +70,8 @@ DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
 # dK/dV over the step's keys with the products transposed, a head at a time, on one warp
 # (`_attn_bwd_dkv_by_head`): the same sums in another order (trainer only). Compiled for
 # sm_90 its step loop issues 889 warp instructions per visiting tile against the 4-warp
-# walk's 4 x 399, with 3 barriers (the load pipeline's) against 10; off until timed on a GPU (`RLSYS_DKV_BY_HEAD=1`;
-# `bench_attention_walk.py --backward --dkv-keys 0` under each setting).
+# walk's 4 x 399, with 3 barriers (the load pipeline's) against 10. Off until timed on a
+# GPU (`RLSYS_DKV_BY_HEAD=1`; `scripts/device_run.sh dkvhead` times both settings).
 DKV_BY_HEAD = os.environ.get("RLSYS_DKV_BY_HEAD", "0") == "1"
 DKV_BY_HEAD_LAUNCH: dict[str, int] = {"num_warps": 1, "num_stages": 3}
 # Sparse GQA (16-key steps) at head dims up to this: compiled for sm_90 it keeps its two
@@ -240,9 +240,10 @@ def _attn_bwd_dkv_by_head(
     P^T and dS^T are already the left operands of dV += P^T dO_h and dK += dS^T Q_h; the
     transposes are of loaded tiles, not of computed ones through shared memory. Launched
     on one warp: every product has the chunk's STEP keys as rows, and the accumulators are
-    the warp's own."""
+    the warp's own. Sparse GQA only (SWA's 32-key steps spill: `DKV_BY_HEAD_MAX_DIM`)."""
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
+    tl.static_assert(SPARSE)
     chunk = tl.program_id(0)
     g = tl.program_id(1)
     hkv = tl.num_programs(1)
@@ -260,20 +261,10 @@ def _attn_bwd_dkv_by_head(
         v = v.to(tl.float32)
     dk = tl.zeros([STEP, DP], tl.float32)
     dv = tl.zeros([STEP, DP], tl.float32)
-    if SPARSE:
-        first = tl.load(inv_off + chunk * hkv + g)
-        last = tl.load(inv_off + chunk * hkv + g + 1)
-    else:
-        t0 = tl.load(seq_tile0 + seq)
-        first = t0 + (c * STEP) // T
-        last = t0 + tl.minimum(
-            (c * STEP + STEP - 1 + window - 1) // T + 1, tl.load(seq_ntiles + seq)
-        )
+    first = tl.load(inv_off + chunk * hkv + g)
+    last = tl.load(inv_off + chunk * hkv + g + 1)
     for i in range(first, last):
-        if SPARSE:
-            tile = tl.load(inv_tiles + i)
-        else:
-            tile = i
+        tile = tl.load(inv_tiles + i)
         # the tile's T query slots (every head of the group sees the same keys)
         _, lo, hi, _, qpos, present, qrow = tile_rows(
             tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, 1
