@@ -143,6 +143,45 @@ def _attn_bwd_dq(
 
 
 @triton.jit
+def _chunk_keys(
+    K, V, chunk_seq, chunk_step, seq_len, block_table, bt_stride, k_stride_r, k_stride_g,
+    D: tl.constexpr, DP: tl.constexpr, STEP: tl.constexpr, PAGE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """A dK/dV program's key chunk (program ids: chunk, group): its sequence, step, key
+    positions, which exist, the feature offsets, and its K and V rows of the group."""
+    chunk = tl.program_id(0)
+    g = tl.program_id(1)
+    seq = tl.load(chunk_seq + chunk)
+    c = tl.load(chunk_step + chunk)
+    kpos = c * STEP + tl.arange(0, STEP)
+    kvalid = kpos < tl.load(seq_len + seq)
+    d = tl.arange(0, DP)
+    k_base = K + g * k_stride_g
+    v_base = V + g * k_stride_g
+    k = load_keys(k_base, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D, PAGE, STEP)
+    v = load_keys(v_base, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D, PAGE, STEP)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return chunk, g, seq, c, kpos, kvalid, d, k, v
+
+
+@triton.jit
+def _store_dkv(
+    DK, DV, dk, dv, block_table, bt_stride, seq, kpos, kvalid, g, d, k_stride_r, k_stride_g,
+    sm_scale, D: tl.constexpr, PAGE: tl.constexpr,
+):  # fmt: skip
+    """Write a chunk's dK (scaled) and dV rows: each key's by exactly one program."""
+    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kvalid, other=0)
+    krow = (page_row + kpos % PAGE).to(tl.int64)
+    offs = krow[:, None] * k_stride_r + g * k_stride_g + d[None, :]
+    out_mask = kvalid[:, None] & (d < D)[None, :]
+    tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
+    tl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
 def _attn_bwd_dkv(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     q_stride_n, q_stride_h, k_stride_r, k_stride_g,
@@ -159,21 +198,11 @@ def _attn_bwd_dkv(
 ):  # fmt: skip
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
-    chunk = tl.program_id(0)
-    g = tl.program_id(1)
+    chunk, g, seq, c, kpos, kvalid, d, k, v = _chunk_keys(
+        K, V, chunk_seq, chunk_step, seq_len, block_table, bt_stride, k_stride_r, k_stride_g,
+        D, DP, STEP, PAGE, UPCAST,
+    )  # fmt: skip
     hkv = tl.num_programs(1)
-    seq = tl.load(chunk_seq + chunk)
-    c = tl.load(chunk_step + chunk)
-    kpos = c * STEP + tl.arange(0, STEP)
-    kvalid = kpos < tl.load(seq_len + seq)
-    d = tl.arange(0, DP)
-    k_base = K + g * k_stride_g
-    v_base = V + g * k_stride_g
-    k = load_keys(k_base, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D, PAGE, STEP)
-    v = load_keys(v_base, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D, PAGE, STEP)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
     dk = tl.zeros([STEP, DP], tl.float32)
     dv = tl.zeros([STEP, DP], tl.float32)
     if SPARSE:
@@ -212,12 +241,10 @@ def _attn_bwd_dkv(
         dp = mma(do, tl.trans(v), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
         dk += mma(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
-    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kvalid, other=0)
-    krow = (page_row + kpos % PAGE).to(tl.int64)
-    offs = krow[:, None] * k_stride_r + g * k_stride_g + d[None, :]
-    out_mask = kvalid[:, None] & (d < D)[None, :]
-    tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
-    tl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=out_mask)
+    _store_dkv(
+        DK, DV, dk, dv, block_table, bt_stride, seq, kpos, kvalid, g, d, k_stride_r, k_stride_g,
+        sm_scale, D, PAGE,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -244,21 +271,11 @@ def _attn_bwd_dkv_by_head(
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
     tl.static_assert(SPARSE)
-    chunk = tl.program_id(0)
-    g = tl.program_id(1)
+    chunk, g, seq, c, kpos, kvalid, d, k, v = _chunk_keys(
+        K, V, chunk_seq, chunk_step, seq_len, block_table, bt_stride, k_stride_r, k_stride_g,
+        D, DP, STEP, PAGE, UPCAST,
+    )  # fmt: skip
     hkv = tl.num_programs(1)
-    seq = tl.load(chunk_seq + chunk)
-    c = tl.load(chunk_step + chunk)
-    kpos = c * STEP + tl.arange(0, STEP)
-    kvalid = kpos < tl.load(seq_len + seq)
-    d = tl.arange(0, DP)
-    k = load_keys(K + g * k_stride_g, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D,
-                  PAGE, STEP)  # fmt: skip
-    v = load_keys(V + g * k_stride_g, block_table, bt_stride, seq, c, kvalid, k_stride_r, d, D,
-                  PAGE, STEP)  # fmt: skip
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
     dk = tl.zeros([STEP, DP], tl.float32)
     dv = tl.zeros([STEP, DP], tl.float32)
     first = tl.load(inv_off + chunk * hkv + g)
@@ -289,12 +306,10 @@ def _attn_bwd_dkv_by_head(
             dp_t = mma(v, tl.trans(do), PRECISION, UPCAST)
             ds_t = p_t * (dp_t - delta[None, :])
             dk += mma(ds_t.to(q.dtype), q, PRECISION, UPCAST)
-    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kvalid, other=0)
-    krow = (page_row + kpos % PAGE).to(tl.int64)
-    offs = krow[:, None] * k_stride_r + g * k_stride_g + d[None, :]
-    out_mask = kvalid[:, None] & (d < D)[None, :]
-    tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
-    tl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=out_mask)
+    _store_dkv(
+        DK, DV, dk, dv, block_table, bt_stride, seq, kpos, kvalid, g, d, k_stride_r, k_stride_g,
+        sm_scale, D, PAGE,
+    )  # fmt: skip
 
 
 @triton.jit
