@@ -19,7 +19,6 @@ Tensor legend: B batch, T time, N packed rows, V vocabulary, d width.
 from __future__ import annotations
 
 import os
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
