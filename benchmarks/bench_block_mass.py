@@ -43,14 +43,13 @@ def mass_rows(length: int, d: int, warps: list[int], saved: dict, compare: dict 
     q, k, v, tiles, kv, qi, bk, bkt = prefill_inputs(length, d)
     csr = selection(qi, bk, tiles, bkt)
     scale = 1 / math.sqrt(d)
-    _, lse = attention_forward(
-        q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=csr, block=B
-    )
 
-    def forward() -> object:
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
         return attention_forward(
             q, k, v, tiles, kv, scale=scale, step=SPARSE_STEP, sparse=csr, block=B
         )
+
+    _, lse = forward()
 
     def mass() -> torch.Tensor:
         return attention_bwd.block_mass(
