@@ -75,6 +75,13 @@ def opcode(text: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
 
 
+def step_loop_opcodes(sass: str) -> list[str]:
+    """The opcodes of a kernel's step loop (its longest loop), in address order."""
+    code = instructions(sass)
+    start, end = max(loops(code), key=lambda span: span[1] - span[0])
+    return [opcode(text) for at, text in code if start <= at <= end]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--head-dim", type=int, default=64)

@@ -337,10 +337,9 @@ def _block_mass(
     )
     # the product's rows head-major (row h * T + slot): the sum over the group's heads is
     # then over whole MMA row tiles, additions within a thread, not shuffles across lanes
-    hr = tl.arange(0, G * T)
-    rpos = tl.load(tile_slot0 + tile) + hr % T
-    rpresent = (rpos >= lo) & (rpos < hi)
-    rrow = tl.where(rpresent, tl.load(tile_row + tile) + rpos - lo, 0).to(tl.int64)
+    _, _, _, hr, _, rpresent, rrow = tile_rows(
+        tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G, HEAD_MAJOR=True
+    )
     head = g * G + hr // T
     d = tl.arange(0, DP)
     first, last = step_bounds(tile, g, lo, hi, step_off, 0, True, STEP)

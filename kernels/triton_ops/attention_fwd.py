@@ -190,13 +190,14 @@ def row_visibility(
 @triton.jit
 def tile_rows(
     tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T: tl.constexpr, G: tl.constexpr,
-    SUB: tl.constexpr = 0,
+    SUB: tl.constexpr = 0, HEAD_MAJOR: tl.constexpr = False,
 ):  # fmt: skip
     """Per tile row (slot, head): query position, presence and query row; plus the tile's
     seq. SUB > 0: only the SUB slots [base, base + SUB) that hold the tile's first query,
     base = the tile's first slot plus that query's offset rounded down to SUB, so each row
     keeps its offset within its SUB-slot group (a one-query tile's slice: with SUB * G =
-    16, the rows one warp owns of the whole tile's MMA; `attention_split`)."""
+    16, the rows one warp owns of the whole tile's MMA; `attention_split`). HEAD_MAJOR:
+    row r is head r // T of slot r % T (the block mass's layout), not slot r // G."""
     seq = tl.load(tile_seq + tile)
     slot0 = tl.load(tile_slot0 + tile)
     lo = tl.load(tile_lo + tile)
@@ -205,6 +206,9 @@ def tile_rows(
     if SUB:
         r = tl.arange(0, SUB * G)
         qpos = slot0 + (lo - slot0) // SUB * SUB + r // G
+    elif HEAD_MAJOR:
+        r = tl.arange(0, T * G)
+        qpos = slot0 + r % T
     else:
         r = tl.arange(0, T * G)
         qpos = slot0 + r // G

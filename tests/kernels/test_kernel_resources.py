@@ -132,7 +132,7 @@ def test_the_block_mass_sums_the_heads_within_a_thread(d: int) -> None:
     the head sum adds MMA row tiles a thread holds: its step loop shuffles only for the 8
     keys of a block (and the rank's scan). Rows slot-major, or two warps, take 50 and 18
     shuffles a step and a cross-warp barrier per sum (1.6-1.8x the kernel time on the H100)."""
-    from benchmarks.kernel_instructions import instructions, loops, opcode
+    from benchmarks.kernel_instructions import step_loop_opcodes
     from benchmarks.kernel_registers import DIVISIBLE, POINTERS, geometry
     from rlsys.kernels.triton_ops.attention_bwd import MASS_LAUNCH
     from rlsys.kernels.triton_ops.offline import compile_sass
@@ -142,9 +142,7 @@ def test_the_block_mass_sums_the_heads_within_a_thread(d: int) -> None:
         "rlsys.kernels.triton_ops.attention_bwd:_block_mass", {**POINTERS, "MASS": "*fp32"},
         {**constants, "CONTIG": True}, MASS_LAUNCH, 90, (*DIVISIBLE, "m_stride_n", "m_stride_g"),
     )  # fmt: skip
-    code = instructions(sass)
-    start, end = max(loops(code), key=lambda span: span[1] - span[0])
-    ops = [opcode(text) for at, text in code if start <= at <= end]
+    ops = step_loop_opcodes(sass)
     assert ops.count("SHFL") <= 12, ops.count("SHFL")
     assert ops.count("BAR") <= 2, ops.count("BAR")  # the K pipeline's, not the sums'
 
@@ -154,7 +152,7 @@ def test_the_by_head_dkv_walk_keeps_its_accumulators_in_registers_without_barrie
     dK and dV and the chunk's K and V in registers, no spill, and in the walk only the
     load pipeline's barriers (3, on one warp; the 4-warp walk syncs 10 times a visiting
     tile, transposing P and dS through shared memory)."""
-    from benchmarks.kernel_instructions import instructions, loops, opcode
+    from benchmarks.kernel_instructions import step_loop_opcodes
     from benchmarks.kernel_registers import DIVISIBLE, POINTERS, geometry
     from rlsys.kernels.triton_ops.attention_bwd import DKV_BY_HEAD_LAUNCH, DKV_BY_HEAD_MAX_DIM
     from rlsys.kernels.triton_ops.offline import compile_resources, compile_sass
@@ -170,7 +168,5 @@ def test_the_by_head_dkv_walk_keeps_its_accumulators_in_registers_without_barrie
     )
     used = compile_resources(*args)
     assert used.stack == 0, used
-    code = instructions(compile_sass(*args))
-    start, end = max(loops(code), key=lambda span: span[1] - span[0])
-    ops = [opcode(text) for at, text in code if start <= at <= end]
+    ops = step_loop_opcodes(compile_sass(*args))
     assert ops.count("BAR") <= 3 and ops.count("HMMA") == 128  # 4 heads x 4 products x 8
