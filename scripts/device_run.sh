@@ -23,10 +23,6 @@
 #   tpdl      the trainer's trunk graphs with programmatic dependent launch: the PDL and
 #             trunk-graph GPU tests with RLSYS_PDL_TRAINER=1 (graphed steps bitwise the eager
 #             ones), then bench_trainer_gpu.py 2 x 8K graphed --pdl on,off (TPDL_ARGS adds)
-#   dkvhead   the dK/dV walk by head (`attention_bwd.DKV_BY_HEAD`): the backward's GPU tests
-#             (both walks against the dense oracle), then bench_attention_walk.py --backward
-#             at head dim 64 and bench_trainer_gpu.py 2 x 8K graphed, each with
-#             RLSYS_DKV_BY_HEAD=0 and 1
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
 #             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
@@ -130,18 +126,6 @@ for step in "$@"; do
       timeout "${TPDL_TIMEOUT:-360}" python3 benchmarks/bench_trainer_gpu.py --lengths 8192 \
         --checkpointing off --graphs on --linear invariant --pdl on,off ${TPDL_ARGS:-} 2>&1 \
         | tee "$OUT/tpdl.log" | grep -E "^\| |exit" ;;
-    dkvhead)
-      timeout "${DKVHEAD_TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
-        tests/kernels/test_triton_attention.py -k "backward or contiguous" 2>&1 \
-        | tee "$OUT/dkvhead_tests.log" | tail -2
-      for f in 0 1; do
-        echo "--- RLSYS_DKV_BY_HEAD=$f"
-        RLSYS_DKV_BY_HEAD=$f timeout "${DKVHEAD_TIMEOUT:-100}" python3 benchmarks/bench_attention_walk.py \
-          --backward --dkv-keys 0 --head-dims 64 2>&1 | tee -a "$OUT/dkvhead.log" | grep -E "^\| [0-9]"
-        RLSYS_DKV_BY_HEAD=$f timeout "${DKVHEAD_TIMEOUT:-100}" python3 benchmarks/bench_trainer_gpu.py \
-          --lengths 8192 --checkpointing off --graphs on --linear invariant 2>&1 \
-          | tee -a "$OUT/dkvhead.log" | grep -E "^\| [0-9]"
-      done ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;

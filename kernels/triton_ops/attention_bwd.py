@@ -1,8 +1,9 @@
 """Backward of `attention_fwd` (training only: packed sequences that start at position 0),
 and the per-block attention mass that the indexer's KL loss needs.
 
-- `_attn_bwd_dq`: per (query tile, group), the forward's step walk, recomputing
-  p = exp2(s - lse); dq = sum_steps dS K. It first makes delta = rowsum(dO * O) of its
+- `_attn_bwd_dq`: per (query tile, group), the forward's step walk (Sparse GQA: the
+  tile's union of blocks, packed two a visit, `attention_pairs`), recomputing
+  p = exp2(s - lse); dq = sum_visits dS K. It first makes delta = rowsum(dO * O) of its
   rows and stores it for `_attn_bwd_dkv`, which runs after it.
 - `_attn_bwd_dkv`: per (key chunk of a sequence, group), a walk over the query tiles that
   visit that chunk (a window range for SWA, the inverse of the union lists for Sparse GQA);
@@ -11,14 +12,17 @@ and the per-block attention mass that the indexer's KL loss needs.
   multiple of it: `DKV_KEYS`): a wider chunk reads each visiting tile's Q and dO rows
   once for more keys, and its dK/dV products have M = `dkv_keys` rows (warp-group MMA
   from 64), at the cost of walking the masked keys of tiles that visit only part of it.
-- `_attn_bwd_dkv_by_head` (`DKV_BY_HEAD`, off until timed): the same walk over the step's
-  keys on one warp, a head at a time, with the products transposed (keys as the MMA's
-  rows), so P and dS feed dV and dK without a transpose through shared memory.
 - `_block_mass`: per (query tile, group), the main attention's probability mass on each of
   a query's selected blocks, averaged over the group's heads, at the block's slot in the
   query's (ascending) selection. Its product's rows are head-major (h * T + slot, not the
   walks' slot-major rows) on one warp: the head sum adds row tiles a thread already holds,
-  and visibility and the stores are per query (T rows), not per (query, head).
+  and visibility and the stores are per query (T rows), not per (query, head). Sparse
+  GQA: it walks the packed blocks too.
+Where dK/dV's time goes (Nsight Compute, H100, 32K, head dim 64): L1/shared 84% busy,
+tensor pipes 19%; Q and dO are re-read per visiting tile (cp.async, then ldmatrix for
+the M = 16 dK/dV products). A walk of one warp a head at a time (transposed products, 889
+warp instructions a visit against 4 x 399) was timed no faster (13.70 against 13.90 ms,
+the trainer 0.96x) and removed.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from rlsys.kernels.triton_ops.attention_fwd import (
     tile_rows,
     visible_step,
 )
+from rlsys.kernels.triton_ops.attention_pairs import packed_visit, union_blocks
 from rlsys.kernels.triton_ops.common import dot_precision, interpreting, mma, next_pow2
 
 # Launch options of the backward kernels (trainer only: no engine value to match; any
@@ -67,18 +72,10 @@ DKV_KEYS: int | None = None
 # dim 64, 22.8 against 62.1 / 45.6 at 128; SWA the same at 32 keys, 2x slower at 64. So the
 # step stays the default; wider chunks are kept as an option for other shapes.
 DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
-# dK/dV over the step's keys with the products transposed, a head at a time, on one warp
-# (`_attn_bwd_dkv_by_head`): the same sums in another order (trainer only). Compiled for
-# sm_90 its step loop issues 889 warp instructions per visiting tile against the 4-warp
-# walk's 4 x 399, with 3 barriers (the load pipeline's) against 10. Off until timed on a
-# GPU (`RLSYS_DKV_BY_HEAD=1`; `scripts/device_run.sh dkvhead` times both settings).
-DKV_BY_HEAD = os.environ.get("RLSYS_DKV_BY_HEAD", "0") == "1"
-DKV_BY_HEAD_LAUNCH: dict[str, int] = {"num_warps": 1, "num_stages": 3}
-# Sparse GQA (16-key steps) at head dims up to this: compiled for sm_90 it keeps its two
-# (16, D) accumulators and K, V in registers (190 at 64); at 128, or SWA's 32-key steps, it
-# spills (256 B-2 KB), so those keep `_attn_bwd_dkv`.
-DKV_BY_HEAD_MAX_DIM = 64
 MASS_LAUNCH: dict[str, int] = {"num_warps": 1, "num_stages": 3}
+# Sparse GQA dq and block mass over the tile's union of blocks, packed STEP // BLK a
+# visit, instead of its aligned steps (`attention_pairs`; `RLSYS_PACKED_DQ=0`: the steps)
+PACKED_DQ = os.environ.get("RLSYS_PACKED_DQ", "1") == "1"
 
 
 @triton.jit
@@ -103,8 +100,10 @@ def _attn_bwd_dq(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    CONTIG: tl.constexpr = False, PDL: tl.constexpr = False,
+    CONTIG: tl.constexpr = False, PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
 ):  # fmt: skip
+    """PACKED (Sparse GQA): step_off / step_ids are the tile's union of blocks
+    (`attention_pairs.union_blocks`), STEP // BLK of them a visit (`packed_visit`)."""
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
     tile, g, seq, lo, hi, qpos, present, qrow, head, d, first, last = query_tile(
@@ -125,12 +124,20 @@ def _attn_bwd_dq(
     o = _load_rows(Out, qrow, head, present, o_stride_n, o_stride_h, d, D)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
     tl.store(DELTA + qrow * h_all + head, delta, mask=present)
-    for i in range(first, last):
-        vis, k, v, s = visible_step(
-            i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits, sb_stride_n,
-            sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride, k_stride_r, d,
-            D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION, GATHER=not SPARSE, CONTIG=CONTIG,
-            seq_row0=seq_row0)  # fmt: skip
+    for i in range(first, last, STEP // BLK if PACKED else 1):
+        if PACKED:
+            vis, _, k, v, s = packed_visit(
+                i, last, step_ids, q, qk_scale, qpos, present, qrow, lo, hi, g, sel_bits,
+                sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+                k_stride_r, d, D, STEP, PAGE, BLK, UPCAST, PRECISION, CONTIG, seq_row0,
+            )  # fmt: skip
+        else:
+            vis, k, v, s = visible_step(
+                i, q, qk_scale, step_ids, qpos, present, qrow, lo, hi, g, window, sel_bits,
+                sb_stride_n, sb_stride_g, seq, K, V, k_stride_g, block_table, bt_stride,
+                k_stride_r, d, D, STEP, PAGE, BLK, SPARSE, UPCAST, PRECISION,
+                GATHER=not SPARSE, CONTIG=CONTIG, seq_row0=seq_row0,
+            )  # fmt: skip
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
         dp = mma(do, tl.trans(v), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
@@ -140,6 +147,26 @@ def _attn_bwd_dq(
         (dq * sm_scale).to(DQ.dtype.element_ty),
         mask=present[:, None] & (d < D)[None, :],
     )
+
+
+@triton.jit
+def _visitor_rows(
+    tile, tile_slot0, tile_lo, tile_hi, tile_row, slot, T: tl.constexpr,
+):  # fmt: skip
+    """A visiting tile's rows for the dK/dV walk: its present positions [lo, hi), each
+    row's position and presence, the query row of its slot 0 (`base`, int64; a row
+    before the tile's first when the tile starts mid-way: only ever offset by a slot),
+    and each row's query row (base + slot). A present slot s sits in query row
+    row0 + (slot0 + s - lo), which is `base` plus s, so a row's Q, dO, LSE and delta
+    addresses are one scalar base plus offsets fixed for the whole walk (Nsight on an
+    H100 put a fifth of the walk's instructions on per-element 64-bit row products)."""
+    slot0 = tl.load(tile_slot0 + tile)
+    lo = tl.load(tile_lo + tile)
+    hi = tl.load(tile_hi + tile)
+    base = (tl.load(tile_row + tile) - lo + slot0).to(tl.int64)
+    qpos = slot0 + slot
+    present = (qpos >= lo) & (qpos < hi)
+    return lo, hi, qpos, present, base, base + slot
 
 
 @triton.jit
@@ -214,22 +241,30 @@ def _attn_bwd_dkv(
         last = t0 + tl.minimum(
             (c * STEP + STEP - 1 + window - 1) // T + 1, tl.load(seq_ntiles + seq)
         )
+    # offsets from a visiting tile's slot-0 row, the same for every visit
+    # (`_visitor_rows`): row r is slot r // G, head g * G + r % G
+    r = tl.arange(0, T * G)
+    slot = r // G
+    head = g * G + r % G
+    row_offs = slot[:, None] * q_stride_n + head[:, None] * q_stride_h + d[None, :]
+    stat_offs = slot * (G * hkv) + head
+    dmask = (d < D)[None, :]
     for i in range(first, last):
         if SPARSE:
             tile = tl.load(inv_tiles + i)
         else:
             tile = i
-        _, lo, hi, r, qpos, present, qrow = tile_rows(
-            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
+        lo, hi, qpos, present, base, qrow = _visitor_rows(
+            tile, tile_slot0, tile_lo, tile_hi, tile_row, slot, T
         )
-        head = g * G + r % G
-        q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
-        do = _load_rows(DO, qrow, head, present, q_stride_n, q_stride_h, d, D)
+        rmask = present[:, None] & dmask
+        q = tl.load(Q + base * q_stride_n + row_offs, mask=rmask, other=0.0)
+        do = tl.load(DO + base * q_stride_n + row_offs, mask=rmask, other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
-        delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
+        lse = tl.load(LSE + base * (G * hkv) + stat_offs, mask=present, other=0.0)
+        delta = tl.load(DELTA + base * (G * hkv) + stat_offs, mask=present, other=0.0)
         vis = row_visibility(
             qpos, present, qrow, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, SPARSE, BLK, STEP,
@@ -248,71 +283,6 @@ def _attn_bwd_dkv(
 
 
 @triton.jit
-def _attn_bwd_dkv_by_head(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
-    q_stride_n, q_stride_h, k_stride_r, k_stride_g,
-    tile_seq, tile_slot0, tile_lo, tile_hi, tile_row,
-    block_table, bt_stride,
-    chunk_seq, chunk_step, seq_len, seq_tile0, seq_ntiles,
-    inv_off, inv_tiles,
-    sel_bits, sb_stride_n, sb_stride_g,
-    qk_scale, sm_scale, window,
-    G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
-    SPARSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False,
-):  # fmt: skip
-    """`_attn_bwd_dkv`'s walk with the products transposed, one head at a time: per
-    visiting tile and head, S^T = K Q_h^T and dP^T = V dO_h^T (keys as the MMA's rows), so
-    P^T and dS^T are already the left operands of dV += P^T dO_h and dK += dS^T Q_h; the
-    transposes are of loaded tiles, not of computed ones through shared memory. Launched
-    on one warp: every product has the chunk's STEP keys as rows, and the accumulators are
-    the warp's own. Sparse GQA only (SWA's 32-key steps spill: `DKV_BY_HEAD_MAX_DIM`)."""
-    pdl.wait_prior(PDL)
-    pdl.release_next(PDL)
-    tl.static_assert(SPARSE)
-    chunk, g, seq, c, kpos, kvalid, d, k, v = _chunk_keys(
-        K, V, chunk_seq, chunk_step, seq_len, block_table, bt_stride, k_stride_r, k_stride_g,
-        D, DP, STEP, PAGE, UPCAST,
-    )  # fmt: skip
-    hkv = tl.num_programs(1)
-    dk = tl.zeros([STEP, DP], tl.float32)
-    dv = tl.zeros([STEP, DP], tl.float32)
-    first = tl.load(inv_off + chunk * hkv + g)
-    last = tl.load(inv_off + chunk * hkv + g + 1)
-    for i in range(first, last):
-        tile = tl.load(inv_tiles + i)
-        # the tile's T query slots (every head of the group sees the same keys)
-        _, lo, hi, _, qpos, present, qrow = tile_rows(
-            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, 1
-        )
-        vis = row_visibility(
-            qpos, present, qrow, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
-            sb_stride_g, SPARSE, BLK, STEP,
-        )  # fmt: skip
-        vis_t = tl.trans(vis & kvalid[None, :])  # (STEP, T): keys as rows
-        for h in tl.static_range(G):
-            head = g * G + h
-            q = _load_rows(Q, qrow, head + 0 * qrow, present, q_stride_n, q_stride_h, d, D)
-            do = _load_rows(DO, qrow, head + 0 * qrow, present, q_stride_n, q_stride_h, d, D)
-            if UPCAST:
-                q = q.to(tl.float32)
-                do = do.to(tl.float32)
-            lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
-            delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
-            s_t = mma(k, tl.trans(q), PRECISION, UPCAST) * qk_scale
-            p_t = tl.where(vis_t, tl.exp2(s_t - lse[None, :]), 0.0)
-            dv += mma(p_t.to(do.dtype), do, PRECISION, UPCAST)
-            dp_t = mma(v, tl.trans(do), PRECISION, UPCAST)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk += mma(ds_t.to(q.dtype), q, PRECISION, UPCAST)
-    _store_dkv(
-        DK, DV, dk, dv, block_table, bt_stride, seq, kpos, kvalid, g, d, k_stride_r, k_stride_g,
-        sm_scale, D, PAGE,
-    )  # fmt: skip
-
-
-@triton.jit
 def _block_mass(
     Q, K, LSE, MASS,
     q_stride_n, q_stride_h, k_stride_r, k_stride_g, m_stride_n, m_stride_g,
@@ -324,8 +294,9 @@ def _block_mass(
     G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     STEP: tl.constexpr, PAGE: tl.constexpr, BLK: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, CONTIG: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
 ):  # fmt: skip
+    """PACKED: step_off / step_ids are the tile's union of blocks, as `_attn_bwd_dq`'s."""
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
     tile = tl.program_id(0)
@@ -351,31 +322,39 @@ def _block_mass(
     cursor = tl.zeros([T], tl.int32)  # per slot: selected blocks seen so far
     NB: tl.constexpr = STEP // BLK
     k_base = K + g * k_stride_g
-    for i in range(first, last):
-        c, kpos, vis, kneed = step_keys(
-            i, step_ids, qpos, present, qrow, lo, hi, g, 0, sel_bits, sb_stride_n, sb_stride_g,
-            True, STEP, BLK,
-        )  # fmt: skip
-        k = load_keys(
-            k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP,
-            CONTIG=CONTIG, seq_row0=seq_row0,
-        )  # fmt: skip
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+    for i in range(first, last, NB if PACKED else 1):
+        if PACKED:
+            vis, chosen, k, _values, s = packed_visit(
+                i, last, step_ids, q, qk_scale, qpos, present, qrow, lo, hi, g, sel_bits,
+                sb_stride_n, sb_stride_g, seq, K, K, k_stride_g, block_table, bt_stride,
+                k_stride_r, d, D, STEP, PAGE, BLK, UPCAST, PRECISION, CONTIG, seq_row0,
+                VALUES=False,
+            )  # fmt: skip
+        else:
+            c, kpos, vis, kneed = step_keys(
+                i, step_ids, qpos, present, qrow, lo, hi, g, 0, sel_bits, sb_stride_n,
+                sb_stride_g, True, STEP, BLK,
+            )  # fmt: skip
+            k = load_keys(
+                k_base, block_table, bt_stride, seq, c, kneed, k_stride_r, d, D, PAGE, STEP,
+                CONTIG=CONTIG, seq_row0=seq_row0,
+            )  # fmt: skip
+            if UPCAST:
+                k = k.to(tl.float32)
+            s = mma(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
+            blk = c * NB + tl.arange(0, NB)
+            # a step's NB blocks lie in one 32-block word of a query's bitmap (STEP <= 32 BLK)
+            word = tl.load(
+                sel_bits + qrow * sb_stride_n + g * sb_stride_g + (c * NB) // 32,
+                mask=present,
+                other=0,
+            )
+            chosen = (((word[:, None] >> (blk % 32)[None, :]) & 1) == 1) & present[:, None]
         # a key no row of a slot sees is masked after the head sum (exp2 of its score may be
         # inf; the select drops it)
         e = tl.sum(tl.reshape(tl.exp2(s - lse[:, None]), (G, T, STEP)), axis=0)  # (T, STEP)
         per_slot = tl.where(vis, e, 0.0)
         mass = tl.sum(tl.reshape(per_slot, (T, NB, BLK)), axis=2) / G  # (T, NB)
-        blk = c * NB + tl.arange(0, NB)
-        # a step's NB blocks lie in one 32-block word of a query's bitmap (STEP <= 32 BLK)
-        word = tl.load(
-            sel_bits + qrow * sb_stride_n + g * sb_stride_g + (c * NB) // 32,
-            mask=present,
-            other=0,
-        )
-        chosen = (((word[:, None] >> (blk % 32)[None, :]) & 1) == 1) & present[:, None]
         rank = cursor[:, None] + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
         tl.store(
             MASS + qrow[:, None] * m_stride_n + g * m_stride_g + rank,
@@ -426,11 +405,13 @@ def attention_backward(
         BLK=block, SPARSE=sparse is not None, UPCAST=interpreting(),
         PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
+    packed = PACKED_DQ and sparse is not None and step > block
+    dq_off, dq_ids = union_blocks(bits, tiles, block=block) if packed else (step_off, step_ids)
     _attn_bwd_dq[(tiles.n_tiles, hkv)](
         q, k, v, do, out, lse, delta, dq, *_common_args(q, k, tiles, kv),
-        out.stride(0), out.stride(1), step_off, step_ids, bits, bits.stride(0), bits.stride(1),
+        out.stride(0), out.stride(1), dq_off, dq_ids, bits, bits.stride(0), bits.stride(1),
         scale * LOG2E, scale, window, **meta, CONTIG=contiguous_rows(kv), **DQ_LAUNCH,
-        **pdl.launch(q.device),
+        **pdl.launch(q.device), PACKED=packed,
     )  # fmt: skip
     keys = dkv_keys or DKV_KEYS or step
     _check_dkv_keys(keys, step, kv.page_size, block, sparse is not None)
@@ -440,15 +421,8 @@ def attention_backward(
         if sparse is not None
         else (step_off, step_ids)
     )
-    by_head = (
-        DKV_BY_HEAD and keys == step and sparse is not None and q.shape[2] <= DKV_BY_HEAD_MAX_DIM
-    )
-    kernel, launch = (
-        (_attn_bwd_dkv_by_head, DKV_BY_HEAD_LAUNCH)
-        if by_head
-        else (_attn_bwd_dkv, DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH)
-    )
-    kernel[(chunks["n"], hkv)](
+    launch = DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH
+    _attn_bwd_dkv[(chunks["n"], hkv)](
         q, k, v, do, lse, delta, dk, dv, *_common_args(q, k, tiles, kv),
         chunks["seq"], chunks["step"], chunks["seq_len"], chunks["seq_tile0"], chunks["seq_ntiles"],
         inv_off, inv_tiles, bits, bits.stride(0), bits.stride(1),
@@ -546,6 +520,9 @@ def block_mass(
     g = q.shape[1] // hkv
     step_off, step_ids, bits = sparse
     mass = torch.zeros(q.shape[0], hkv, topk_blocks, dtype=torch.float32, device=q.device)
+    packed = PACKED_DQ and step > block
+    if packed:
+        step_off, step_ids = union_blocks(bits, tiles, block=block)
     _block_mass[(tiles.n_tiles, hkv)](
         q, k, lse, mass,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), mass.stride(0), mass.stride(1),
@@ -555,6 +532,6 @@ def block_mass(
         scale * LOG2E,
         G=g, T=tiles.T, D=q.shape[2], DP=next_pow2(q.shape[2]), STEP=step, PAGE=kv.page_size,
         BLK=block, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype),
-        CONTIG=contiguous_rows(kv), **MASS_LAUNCH, **pdl.launch(q.device),
+        CONTIG=contiguous_rows(kv), **MASS_LAUNCH, **pdl.launch(q.device), PACKED=packed,
     )  # fmt: skip
     return mass

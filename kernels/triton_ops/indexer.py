@@ -542,12 +542,13 @@ def _union_steps(
 
 
 def union_steps(
-    sel: Selection, tiles: QueryTiles, *, block: int, step: int
+    sel: Selection, tiles: QueryTiles, *, block: int, step: int, sync_free: int = SYNC_FREE_IDS
 ) -> tuple[Tensor, Tensor]:
     """CSR (offsets (n_tiles * Hkv + 1,), step ids) of the aligned key steps each
     (tile, group) visits: steps holding a block selected by, or the current block of, any
     present row, ascending. Built from the selection bitmaps by two launches (count, then
-    write), so no per-row id lists are gathered or sorted."""
+    write), so no per-row id lists are gathered or sorted. Id buffers up to `sync_free`
+    are sized by a bound (no device sync); larger ones by the total, read back."""
     n, hkv, nw_bits = sel.bits.shape
     dev = sel.bits.device
     nbs = max(step // block, 1)
@@ -575,14 +576,14 @@ def union_steps(
     # an upper bound on the ids avoids reading the total back (a device sync) when small;
     # then the write pass sums the counts before each (tile, group) itself (two launches)
     bound = tiles.n_tiles * hkv * (tiles.max_pos // step + 1)
-    if bound <= SYNC_FREE_IDS and tiles.n_tiles * hkv <= PREFIX_MAX:
+    if bound <= sync_free and tiles.n_tiles * hkv <= PREFIX_MAX:
         offsets = torch.empty_like(counts)
         ids = torch.empty(bound, dtype=torch.int32, device=dev)
         _union_steps[grid](sel.bits, offsets, ids, counts, *args, COUNT_ONLY=False, PREFIX=True,
                            **meta)  # fmt: skip
         return offsets, ids
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    size = bound if bound <= SYNC_FREE_IDS else int(offsets[-1])
+    size = bound if bound <= sync_free else int(offsets[-1])
     ids = torch.empty(size, dtype=torch.int32, device=dev)
     _union_steps[grid](sel.bits, offsets, ids, dummy, *args, COUNT_ONLY=False, PREFIX=False, **meta)
     return offsets, ids

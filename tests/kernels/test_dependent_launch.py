@@ -54,7 +54,7 @@ DECODE_KERNELS = [
 # the Triton kernels of the trainer's trunk graphs that the decode step does not run (the
 # trunk's forward and backward: `pdl.TRUNK_GRAPHS`), each PDL-aware
 TRAINER_KERNELS = [
-    attention_bwd._attn_bwd_dq, attention_bwd._attn_bwd_dkv, attention_bwd._attn_bwd_dkv_by_head,
+    attention_bwd._attn_bwd_dq, attention_bwd._attn_bwd_dkv,
     attention_bwd._block_mass,
     elementwise._sigmoid, expert_plan._expert_plan, expert_plan._zero_empty,
     moe_bwd._combine_bwd, moe_bwd._slot_sum, norm_bwd._rms_norm_bwd, rope._rope,

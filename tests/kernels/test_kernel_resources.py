@@ -86,7 +86,10 @@ def test_the_wide_dkv_chunk_runs_all_four_products_on_warp_group_mma(d: int) -> 
     assert narrow.count("ttng.warp_group_dot ") == 2 and narrow.count("tt.dot ") == 2
     assert wide.count("ttng.warp_group_dot ") == 4 and "tt.dot " not in wide
     used = resources("backward dk dv, 64 keys", d, True)
-    assert used.stack == 0, used
+    # at head dim 128 the 8-warp chunk sits at the 255-register cap: its visiting tiles'
+    # fixed Q/dO offsets (`_visitor_rows`) cost it 16 bytes of stack (an option, not the
+    # default: 2.7x slower than the step when timed); at 64 it spills nothing
+    assert used.stack <= (16 if d == 128 else 0), used
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -145,28 +148,3 @@ def test_the_block_mass_sums_the_heads_within_a_thread(d: int) -> None:
     ops = step_loop_opcodes(sass)
     assert ops.count("SHFL") <= 12, ops.count("SHFL")
     assert ops.count("BAR") <= 2, ops.count("BAR")  # the K pipeline's, not the sums'
-
-
-def test_the_by_head_dkv_walk_keeps_its_accumulators_in_registers_without_barriers() -> None:
-    """`_attn_bwd_dkv_by_head` (`DKV_BY_HEAD`) at `large`'s head dim: one warp, its (16, 64)
-    dK and dV and the chunk's K and V in registers, no spill, and in the walk only the
-    load pipeline's barriers (3, on one warp; the 4-warp walk syncs 10 times a visiting
-    tile, transposing P and dS through shared memory)."""
-    from benchmarks.kernel_instructions import step_loop_opcodes
-    from benchmarks.kernel_registers import DIVISIBLE, POINTERS, geometry
-    from rlsys.kernels.triton_ops.attention_bwd import DKV_BY_HEAD_LAUNCH, DKV_BY_HEAD_MAX_DIM
-    from rlsys.kernels.triton_ops.offline import compile_resources, compile_sass
-
-    kernel = "rlsys.kernels.triton_ops.attention_bwd:_attn_bwd_dkv_by_head"
-    args = (
-        kernel,
-        POINTERS,
-        geometry(DKV_BY_HEAD_MAX_DIM, True),
-        DKV_BY_HEAD_LAUNCH,
-        90,
-        DIVISIBLE,
-    )
-    used = compile_resources(*args)
-    assert used.stack == 0, used
-    ops = step_loop_opcodes(compile_sass(*args))
-    assert ops.count("BAR") <= 3 and ops.count("HMMA") == 128  # 4 heads x 4 products x 8

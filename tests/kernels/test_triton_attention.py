@@ -209,28 +209,25 @@ def _dense_grads(q, k, v, do, lengths, allowed):  # noqa: ANN001, ANN202
 
 # (page size, keys per dK/dV program): the forward's 16-key step, and wider chunks that
 # span several steps (a tile visiting some of them is walked once, its other keys masked)
-# ... and the step's keys with the products transposed, a head at a time (Sparse GQA only:
-# `attention_bwd.DKV_BY_HEAD`)
-DKV_CHUNKS = [(32, None, False), (32, None, True), (32, 32, False), (64, 64, False)]
+DKV_CHUNKS = [(32, None), (32, 32), (64, 64)]
 
 
-@pytest.mark.parametrize(
-    ("page", "dkv_keys", "by_head"), DKV_CHUNKS, ids=["step", "step-by-head", "32-keys", "64-keys"]
-)
-@pytest.mark.parametrize("kind", ["swa", "sparse"])
+@pytest.mark.parametrize(("page", "dkv_keys"), DKV_CHUNKS, ids=["step", "32-keys", "64-keys"])
+@pytest.mark.parametrize("kind", ["swa", "sparse", "sparse-steps"])
 def test_backward_matches_autograd_of_the_dense_attention(
     kind: str,
     page: int,
     dkv_keys: int | None,
-    by_head: bool,
     rescale_rule: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """`sparse`: dq and the block mass walk the tiles' unions of blocks, packed
+    (`attention_pairs`); `sparse-steps`: the forward's aligned steps (`PACKED_DQ` off)."""
     from rlsys.kernels.triton_ops import attention_bwd
 
-    if by_head and kind == "swa":
-        pytest.skip("the by-head dK/dV walk is Sparse GQA's")
-    monkeypatch.setattr(attention_bwd, "DKV_BY_HEAD", by_head)
+    if kind == "sparse-steps" and dkv_keys:
+        pytest.skip("the dq walks differ in dq alone: one dK/dV chunk is enough")
+    monkeypatch.setattr(attention_bwd, "PACKED_DQ", kind == "sparse")
     lengths = [40, 7, 50]
     q, k, v, do = _packed(lengths, seed=11)
     kv = contiguous_table(lengths, page, DEV)
@@ -270,7 +267,7 @@ def test_backward_matches_autograd_of_the_dense_attention(
     ro, rdq, rdk, rdv, probs = _dense_grads(q, k, v, do, lengths, allowed)
     for got, want in ((out, ro), (dq, rdq), (dk, rdk), (dv, rdv)):
         torch.testing.assert_close(got.cpu(), want, atol=5e-6, rtol=1e-4)
-    if kind == "sparse":
+    if kind != "swa":
         mass = block_mass(
             q, k, lse, tiles, kv, kw["sparse"], KSEL, scale=SCALE, step=16, block=BLK
         ).cpu()
