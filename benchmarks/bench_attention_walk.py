@@ -210,8 +210,9 @@ def backward_table(head_dims: list[int], caps: list[int], length: int, keys: lis
             if cap:
                 launch["maxnreg"] = cap
             before = set(compiled(attention_bwd._attn_bwd_dkv))
-            cells = [f"{kernel_ms(f, (name,)):.3f}" for f in (sparse, swa)
-                     for name in ("_attn_bwd_dq", "_attn_bwd_dkv")]  # fmt: skip
+            # dq's time includes its packed block lists where it builds them (`_union_steps`)
+            cells = [f"{kernel_ms(f, names):.3f}" for f in (sparse, swa)
+                     for names in (("_attn_bwd_dq", "_union_steps"), ("_attn_bwd_dkv",))]  # fmt: skip
             regs = [f"{k.n_regs}/{k.n_spills}" for key, k in
                     compiled(attention_bwd._attn_bwd_dkv).items() if key not in before]  # fmt: skip
             diffs = [

@@ -60,7 +60,7 @@ def mass_rows(length: int, d: int, warps: list[int], saved: dict, compare: dict 
     for w in warps:
         attention_bwd.MASS_LAUNCH["num_warps"] = w
         got = mass()
-        ms = kernel_ms(mass, ("_block_mass",))
+        ms = kernel_ms(mass, ("_block_mass", "_union_steps"))  # with its packed block lists
         saved.setdefault(d, got.cpu())
         note = ""
         if compare is not None and d in compare:

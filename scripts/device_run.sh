@@ -23,6 +23,10 @@
 #   tpdl      the trainer's trunk graphs with programmatic dependent launch: the PDL and
 #             trunk-graph GPU tests with RLSYS_PDL_TRAINER=1 (graphed steps bitwise the eager
 #             ones), then bench_trainer_gpu.py 2 x 8K graphed --pdl on,off (TPDL_ARGS adds)
+#   pairs     the Sparse GQA backward's packed walks (`attention_bwd.PACKED_DQ`): their GPU
+#             tests, then bench_attention_walk.py --backward (32K, head dim 64),
+#             bench_block_mass.py and bench_trainer_gpu.py 2 x 8K graphed, each with
+#             RLSYS_PACKED_DQ=0 and 1 (PAIRS_TRAINER=0 skips the trainer)
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
 #             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
@@ -126,6 +130,23 @@ for step in "$@"; do
       timeout "${TPDL_TIMEOUT:-360}" python3 benchmarks/bench_trainer_gpu.py --lengths 8192 \
         --checkpointing off --graphs on --linear invariant --pdl on,off ${TPDL_ARGS:-} 2>&1 \
         | tee "$OUT/tpdl.log" | grep -E "^\| |exit" ;;
+    pairs)
+      timeout "${PAIRS_TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_triton_attention.py tests/kernels/test_attention_pairs.py \
+        tests/model/test_indexer_kl.py -k "backward or contiguous or union or kl" 2>&1 \
+        | tee "$OUT/pairs_tests.log" | tail -2
+      for f in 0 1; do
+        echo "--- RLSYS_PACKED_DQ=$f"
+        RLSYS_PACKED_DQ=$f timeout "${PAIRS_TIMEOUT:-100}" python3 benchmarks/bench_attention_walk.py \
+          --backward --dkv-keys 0 --head-dims 64 2>&1 | tee -a "$OUT/pairs.log" | grep -E "^\| [0-9]"
+        RLSYS_PACKED_DQ=$f timeout "${PAIRS_TIMEOUT:-100}" python3 benchmarks/bench_block_mass.py \
+          2>&1 | tee -a "$OUT/pairs.log" | grep -E "^\| [0-9]"
+        if [ "${PAIRS_TRAINER:-1}" = 1 ]; then
+          RLSYS_PACKED_DQ=$f timeout "${PAIRS_TIMEOUT:-100}" python3 benchmarks/bench_trainer_gpu.py \
+            --lengths 8192 --checkpointing off --graphs on --linear invariant 2>&1 \
+            | tee -a "$OUT/pairs.log" | grep -E "^\| [0-9]"
+        fi
+      done ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;
