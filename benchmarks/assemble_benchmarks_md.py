@@ -72,6 +72,7 @@ ORDER = [
     "gpu_router_tile",
     "gpu_pdl",
     "gpu_block_mass",
+    "gpu_backward_pairs",
     "ci_time",
 ]
 

@@ -150,26 +150,6 @@ def _attn_bwd_dq(
 
 
 @triton.jit
-def _visitor_rows(
-    tile, tile_slot0, tile_lo, tile_hi, tile_row, slot, T: tl.constexpr,
-):  # fmt: skip
-    """A visiting tile's rows for the dK/dV walk: its present positions [lo, hi), each
-    row's position and presence, the query row of its slot 0 (`base`, int64; a row
-    before the tile's first when the tile starts mid-way: only ever offset by a slot),
-    and each row's query row (base + slot). A present slot s sits in query row
-    row0 + (slot0 + s - lo), which is `base` plus s, so a row's Q, dO, LSE and delta
-    addresses are one scalar base plus offsets fixed for the whole walk (Nsight on an
-    H100 put a fifth of the walk's instructions on per-element 64-bit row products)."""
-    slot0 = tl.load(tile_slot0 + tile)
-    lo = tl.load(tile_lo + tile)
-    hi = tl.load(tile_hi + tile)
-    base = (tl.load(tile_row + tile) - lo + slot0).to(tl.int64)
-    qpos = slot0 + slot
-    present = (qpos >= lo) & (qpos < hi)
-    return lo, hi, qpos, present, base, base + slot
-
-
-@triton.jit
 def _chunk_keys(
     K, V, chunk_seq, chunk_step, seq_len, block_table, bt_stride, k_stride_r, k_stride_g,
     D: tl.constexpr, DP: tl.constexpr, STEP: tl.constexpr, PAGE: tl.constexpr,
@@ -241,30 +221,22 @@ def _attn_bwd_dkv(
         last = t0 + tl.minimum(
             (c * STEP + STEP - 1 + window - 1) // T + 1, tl.load(seq_ntiles + seq)
         )
-    # offsets from a visiting tile's slot-0 row, the same for every visit
-    # (`_visitor_rows`): row r is slot r // G, head g * G + r % G
-    r = tl.arange(0, T * G)
-    slot = r // G
-    head = g * G + r % G
-    row_offs = slot[:, None] * q_stride_n + head[:, None] * q_stride_h + d[None, :]
-    stat_offs = slot * (G * hkv) + head
-    dmask = (d < D)[None, :]
     for i in range(first, last):
         if SPARSE:
             tile = tl.load(inv_tiles + i)
         else:
             tile = i
-        lo, hi, qpos, present, base, qrow = _visitor_rows(
-            tile, tile_slot0, tile_lo, tile_hi, tile_row, slot, T
+        _, lo, hi, r, qpos, present, qrow = tile_rows(
+            tile, tile_seq, tile_slot0, tile_lo, tile_hi, tile_row, T, G
         )
-        rmask = present[:, None] & dmask
-        q = tl.load(Q + base * q_stride_n + row_offs, mask=rmask, other=0.0)
-        do = tl.load(DO + base * q_stride_n + row_offs, mask=rmask, other=0.0)
+        head = g * G + r % G
+        q = _load_rows(Q, qrow, head, present, q_stride_n, q_stride_h, d, D)
+        do = _load_rows(DO, qrow, head, present, q_stride_n, q_stride_h, d, D)
         if UPCAST:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse = tl.load(LSE + base * (G * hkv) + stat_offs, mask=present, other=0.0)
-        delta = tl.load(DELTA + base * (G * hkv) + stat_offs, mask=present, other=0.0)
+        lse = tl.load(LSE + qrow * (G * hkv) + head, mask=present, other=0.0)
+        delta = tl.load(DELTA + qrow * (G * hkv) + head, mask=present, other=0.0)
         vis = row_visibility(
             qpos, present, qrow, c * STEP, lo, hi, g, window, sel_bits, sb_stride_n,
             sb_stride_g, SPARSE, BLK, STEP,

@@ -13,6 +13,7 @@ from rlsys.kernels.attention_plan import Span, plan_tiles
 from rlsys.kernels.triton_ops.attention_pairs import union_blocks
 
 CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"  # the kernels run where their tensors are (CPU: interpreter)
 BLK, T = 8, 4
 
 
@@ -54,10 +55,10 @@ def _brute_union(bits: torch.Tensor, tiles, hkv: int) -> list[list[int]]:  # noq
 def test_union_blocks_are_each_tiles_selected_and_own_blocks_ascending(seed: int) -> None:
     lengths = [[70], [37, 90], [5, 130, 64], [300]][seed]
     hkv = 1 + seed % 3
-    bits, spans = _bits(lengths, hkv, seed, "cpu")
-    tiles = plan_tiles(spans, T, "cpu")
+    bits, spans = _bits(lengths, hkv, seed, DEV)
+    tiles = plan_tiles(spans, T, DEV)
     off, ids = union_blocks(bits, tiles, block=BLK)
-    want = _brute_union(bits, tiles, hkv)
+    want = _brute_union(bits.cpu(), tiles, hkv)
     got = [ids[int(off[i]) : int(off[i + 1])].tolist() for i in range(tiles.n_tiles * hkv)]
     assert got == want
     # what the packing saves: a pair of blocks a visit, against the aligned 16-key steps
@@ -72,7 +73,7 @@ def test_union_blocks_past_the_forwards_id_bound_need_no_device_sync() -> None:
     sync-free bound: `union_blocks` sizes them by its own, so no total is read back."""
     from rlsys.kernels.triton_ops.indexer import SYNC_FREE_IDS, Selection, union_steps
 
-    length, hkv = 32768, 2
+    length, hkv = 32768, 4
     g = torch.Generator().manual_seed(0)
     words = length // BLK // 32 + 1
     bits = torch.randint(-(2**31), 2**31 - 1, (length, hkv, words), generator=g).to(torch.int32)
