@@ -3,8 +3,8 @@
 The forward walks aligned key steps (two 8-key blocks at `large`'s and deep-92's shapes):
 its bits must not depend on which other queries share a tile, so a step is a function of
 positions alone. Under the indexer's selection most steps of a tile's union hold only one
-block any of its queries chose: on the benchmarks' selection (`bench_attention.py`) the
-steps carry 2.00x the selected keys at 32K, the blocks themselves 1.24x. The backward
+block any of its queries chose: on the benchmarks' selection (`benchmarks/union_waste.py`)
+the steps carry 2.01x the selected keys at 32K, the blocks themselves 1.24x. The backward
 only has to be deterministic, so its query-tile walks (dq) take the tile's union of
 BLOCKS, ascending, STEP // BLK of them per visit: the same products on 1.6x fewer visits.
 So does the indexer KL's block mass (`attention_bwd._block_mass`).
@@ -54,11 +54,12 @@ def packed_visit(
     VALUES: tl.constexpr = True,
 ):  # fmt: skip
     """Visit `i` of a (tile, group)'s block list [.., last): its STEP // BLK blocks from
-    slot i on (-1 past `last`: keys never loaded, never seen). Returns (vis, picked, k, v, s):
-    vis (M, STEP) which row sees which key (as `visible_step` gives it), picked (M, NB)
-    which row selected which of the visit's blocks, K and V rows (zeros where not loaded: a padded
-    block, or at or past the tile's end; V is K unless VALUES), s = q k^T * qk_scale, for
-    q's rows (M of them, or a multiple: the block mass's heads over the same slots)."""
+    slot i on (-1 past `last`: keys never loaded, never seen). Returns
+    (vis, picked, k, v, s): vis (M, STEP) which row sees which key (as `visible_step`
+    gives it), picked (M, NB) which row selected which of the visit's blocks, K and V
+    rows (zeros where not loaded: a padded block, or at or past the tile's end; V is K
+    unless VALUES), s = q k^T * qk_scale for q's rows (M of them, or a multiple: the
+    block mass's heads over the same slots)."""
     NB: tl.constexpr = STEP // BLK
     tl.static_assert(BLK <= 16)
     PAST: tl.constexpr = 2**27  # a block past every row (x BLK <= 2^31: no overflow)
