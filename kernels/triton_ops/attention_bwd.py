@@ -42,6 +42,7 @@ from rlsys.kernels.triton_ops import pdl
 from rlsys.kernels.triton_ops.attention_fwd import (
     LOG2E,
     contiguous_rows,
+    key_rows,
     load_keys,
     no_selection,
     query_tile,
@@ -180,8 +181,7 @@ def _store_dkv(
     sm_scale, D: tl.constexpr, PAGE: tl.constexpr,
 ):  # fmt: skip
     """Write a chunk's dK (scaled) and dV rows: each key's by exactly one program."""
-    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kvalid, other=0)
-    krow = (page_row + kpos % PAGE).to(tl.int64)
+    krow = key_rows(block_table, bt_stride, seq, kpos, kvalid, PAGE)
     offs = krow[:, None] * k_stride_r + g * k_stride_g + d[None, :]
     out_mask = kvalid[:, None] & (d < D)[None, :]
     tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
@@ -494,6 +494,8 @@ def block_mass(
     mass = torch.zeros(q.shape[0], hkv, topk_blocks, dtype=torch.float32, device=q.device)
     packed = PACKED_DQ and step > block
     if packed:
+        # built here and again in the backward's dq: kept from forward to backward, the
+        # lists' bound-sized id buffer (134 MB at 32K) would stay alive per Sparse layer
         step_off, step_ids = union_blocks(bits, tiles, block=block)
     _block_mass[(tiles.n_tiles, hkv)](
         q, k, lse, mass,

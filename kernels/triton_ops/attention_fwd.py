@@ -230,6 +230,14 @@ def step_bounds(tile, g, lo, hi, step_off, window, SPARSE: tl.constexpr, STEP: t
 
 
 @triton.jit
+def key_rows(block_table, bt_stride, seq, kpos, mask, PAGE: tl.constexpr):
+    """Pool rows (int64) of sequence `seq`'s keys at positions `kpos`, one page-table
+    entry per key (0 where not `mask`)."""
+    page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=mask, other=0)
+    return (page_row + kpos % PAGE).to(tl.int64)
+
+
+@triton.jit
 def load_keys(
     base, block_table, bt_stride, seq, c, kneed, stride_r, d, D: tl.constexpr,
     PAGE: tl.constexpr, STEP: tl.constexpr, GATHER: tl.constexpr = False,
@@ -251,9 +259,7 @@ def load_keys(
         row0 = (seq_row0 + first).to(tl.int64)
         ptrs = base + row0 * stride_r + (tl.arange(0, STEP)[:, None] * stride_r + d[None, :])
     elif GATHER:
-        kpos = first + tl.arange(0, STEP)
-        page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kneed, other=0)
-        krow = (page_row + kpos % PAGE).to(tl.int64)
+        krow = key_rows(block_table, bt_stride, seq, first + tl.arange(0, STEP), kneed, PAGE)
         ptrs = base + krow[:, None] * stride_r + d[None, :]
     else:
         page_row = tl.load(block_table + seq * bt_stride + first // PAGE)

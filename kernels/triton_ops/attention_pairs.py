@@ -26,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.attention_plan import QueryTiles
+from rlsys.kernels.triton_ops.attention_fwd import key_rows
 from rlsys.kernels.triton_ops.common import mma
 
 # ids up to this many (int32: 256 MiB) are allocated by a bound instead of read back: a
@@ -89,8 +90,7 @@ def packed_visit(
     if CONTIG:
         krow = (seq_row0 + kpos).to(tl.int64)
     else:
-        page_row = tl.load(block_table + seq * bt_stride + kpos // PAGE, mask=kneed, other=0)
-        krow = (page_row + kpos % PAGE).to(tl.int64)
+        krow = key_rows(block_table, bt_stride, seq, kpos, kneed, PAGE)
     offs = g * k_stride_g + krow[:, None] * k_stride_r + d[None, :]
     kmask = kneed[:, None] & (d < D)[None, :]
     k = tl.load(K + offs, mask=kmask, other=0.0)
