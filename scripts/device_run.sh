@@ -27,6 +27,9 @@
 #             tests, then bench_attention_walk.py --backward (32K, head dim 64),
 #             bench_block_mass.py and bench_trainer_gpu.py 2 x 8K graphed, each with
 #             RLSYS_PACKED_DQ=0 and 1 (PAIRS_TRAINER=0 skips the trainer)
+#   stack     training's grouped SwiGLU on the cached [w1; w3] (`MoE._caches_stack`) and the
+#             experts' gradients as two products: their tests, then bench_trainer_gpu.py 2 x 8K
+#             graphed with RLSYS_CACHED_EXPERT_STACK / RLSYS_SPLIT_EXPERT_GRADS off and on
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
 #             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
@@ -146,6 +149,20 @@ for step in "$@"; do
             --lengths 8192 --checkpointing off --graphs on --linear invariant 2>&1 \
             | tee -a "$OUT/pairs.log" | grep -E "^\| [0-9]"
         fi
+      done ;;
+    stack)
+      # training's grouped SwiGLU on the cached [w1; w3] and the experts' gradients as two
+      # contiguous products: the graphed-trunk and stack tests, then the trainer 2 x 8K
+      # graphed with each off / on (RLSYS_CACHED_EXPERT_STACK, RLSYS_SPLIT_EXPERT_GRADS)
+      timeout "${STACK_TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/model/test_expert_stack_cache.py tests/trainer/test_trunk_graphs_cuda.py 2>&1 \
+        | tee "$OUT/stack_tests.log" | tail -2
+      for pair in "0 0" "1 0" "1 1" "0 0"; do
+        set -- $pair
+        echo "--- RLSYS_CACHED_EXPERT_STACK=$1 RLSYS_SPLIT_EXPERT_GRADS=$2"
+        RLSYS_CACHED_EXPERT_STACK=$1 RLSYS_SPLIT_EXPERT_GRADS=$2 timeout "${STACK_TIMEOUT:-150}" \
+          python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
+          --linear invariant ${STACK_ARGS:-} 2>&1 | tee -a "$OUT/stack.log" | grep -E "^\| [0-9]"
       done ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \

@@ -11,6 +11,7 @@ L x L matrix.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -27,6 +28,10 @@ SPLIT_ROWS = 4096  # rows per part of a weight gradient's reduction (`weight_gra
 # least MIN_PART_ROWS long (the partials are summed by one fp32 reduction)
 PARTIAL_ELEMENTS = 2**21
 MIN_PART_ROWS = 128
+# The routed experts' w1 and w3 gradients as two grouped GEMMs, each contiguous (True), or
+# as the halves of one (False: strided views); `RLSYS_SPLIT_EXPERT_GRADS=0`, a benchmark's
+# switch
+SPLIT_EXPERT_GRADS = os.environ.get("RLSYS_SPLIT_EXPERT_GRADS", "1") == "1"
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -118,20 +123,37 @@ class GroupedSwiGLU(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, tiles: tuple, empty: Tensor
+        ctx: Any,
+        x: Tensor,
+        w1: Tensor,
+        w3: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        empty: Tensor,
+        w13: Tensor | None = None,
     ) -> Tensor:
-        ctx.save_for_backward(x, w1, w3, offsets, empty)
-        return products().grouped_swiglu(x, w1, w3, offsets, tiles)
+        """`w13`: the experts' [w1; w3] (E, 2H, K) where the caller caches it (the same
+        values, so the same bits; forward and backward then concatenate nothing)."""
+        ctx.save_for_backward(x, w1, w3, offsets, empty, w13)
+        return products().grouped_swiglu(x, w1, w3, offsets, tiles, w13)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        x, w1, w3, offsets, empty = ctx.saved_tensors
+        x, w1, w3, offsets, empty, w13 = ctx.saved_tensors
         h = w1.shape[1]
-        xw, w13 = x.to(w1.dtype), torch.cat([w1, w3], dim=1)  # (E, 2H, K)
+        xw = x.to(w1.dtype)
+        if w13 is None:
+            w13 = torch.cat([w1, w3], dim=1)  # (E, 2H, K)
         d13 = silu_mul_bwd(grouped_mm(xw, w13.transpose(1, 2), offsets), g.to(w1.dtype))
         gx = grouped_mm(d13, w13, offsets)
+        if SPLIT_EXPERT_GRADS:
+            # w1's and w3's gradients as two contiguous products over d13's halves: slices of
+            # one (E, 2H, K) product are strided, and accumulating a strided gradient into
+            # `.grad` takes a generic element-wise kernel (H100: ~57 us a call at `large`)
+            g1, g3 = (grouped_mm(d.t(), xw, offsets) for d in (d13[:, :h], d13[:, h:]))
+            return gx.to(x.dtype), *_empty_experts_zero_each(empty, g1, g3), None, None, None, None
         g13 = _empty_experts_zero(grouped_mm(d13.t(), xw, offsets), empty)
-        return gx.to(x.dtype), g13[:, :h], g13[:, h:], None, None, None
+        return gx.to(x.dtype), g13[:, :h], g13[:, h:], None, None, None, None
 
 
 class GroupedTree(torch.autograd.Function):
@@ -158,6 +180,10 @@ class GroupedTree(torch.autograd.Function):
         gh = grouped_mm(gw, w2, offsets)
         g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), empty)
         return gh.to(h.dtype), g2, None, None, None, None
+
+
+def _empty_experts_zero_each(empty: Tensor, *grads: Tensor) -> tuple[Tensor, ...]:
+    return tuple(_empty_experts_zero(g, empty) for g in grads)
 
 
 def _empty_experts_zero(grads: Tensor, empty: Tensor) -> Tensor:

@@ -49,6 +49,12 @@ class Block(nn.Module):
         )
         self.clamp = GradClamp(cfg.grad_clamp_fraction)
 
+    def refresh_fused(self) -> None:
+        """Bring this block's cached weight concatenations up to date with its parameters
+        (before a CUDA-graph replay, which reads the buffers it captured)."""
+        self.attn.refresh_fused()
+        self.ffn.refresh_fused()
+
     def forward(
         self,
         h: Tensor | fused.CombineInputs,

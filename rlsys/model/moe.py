@@ -19,6 +19,8 @@ Invariants:
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor, nn
 
@@ -32,6 +34,10 @@ from rlsys.model.attention import init_weight
 from rlsys.model.aux import AuxLosses
 from rlsys.model.fused_weights import FusedWeight
 from rlsys.model.routing import Routing, RoutingRecorder, RoutingReplay
+
+# Training's grouped SwiGLU reads the cached [w1; w3] (`MoE._caches_stack`);
+# `RLSYS_CACHED_EXPERT_STACK=0` concatenates per call (a benchmark's switch)
+CACHED_EXPERT_STACK = os.environ.get("RLSYS_CACHED_EXPERT_STACK", "1") == "1"
 
 
 def swiglu_hidden(x: Tensor, w1: Tensor, w3: Tensor, w13: FusedWeight | None = None) -> Tensor:
@@ -101,6 +107,7 @@ class MoE(nn.Module):
         self.row_parallel = RowParallel()
         # every expert's [w1; w3] (E, 2H, d) for inference: one grouped product for both
         self._w13 = FusedWeight(1, dim=1)
+        self.stack_cache = True  # training reads `_w13` too (`_caches_stack`)
 
     def forward(
         self,
@@ -302,9 +309,22 @@ class MoE(nn.Module):
         # one launch: the tile table, the offsets (on the device, never read) and the
         # experts whose weight gradients must be exactly 0
         tiles, offsets, empty = expert_plan(counts, max_tiles, BM)
-        hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, offsets, tiles, empty)
+        w13 = self._w13.get([self.w1, self.w3]) if self._caches_stack() else None
+        hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, offsets, tiles, empty, w13)
         chunks = self.row_parallel.chunks
         return GroupedTree.apply(hidden, self.w2, offsets, tiles, chunks, empty)
+
+    def _caches_stack(self) -> bool:
+        """Whether the grouped SwiGLU reads the cached [w1; w3] (`_w13`) rather than a
+        concatenation made per call (two of 64 MB per MoE layer and micro-batch at `large`,
+        forward and backward): where the product runs over the stack, and not under FSDP2,
+        whose parameters are gathered anew for every forward (`shard_policy` turns it off;
+        a cache there would hold a whole unsharded copy). `CACHED_EXPERT_STACK=False`
+        concatenates per call, as before. A graphed trunk refreshes the cache before each
+        replay (`trunk_graphs`); an eager call's `get` checks on its own."""
+        from rlsys.kernels.triton_ops.products import products
+
+        return CACHED_EXPERT_STACK and self.stack_cache and products().stacks_experts(self.w1)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         # Checkpoints written before the experts were stacked hold experts.{e}.w{1,2,3}.

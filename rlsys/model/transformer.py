@@ -169,8 +169,7 @@ class Transformer(nn.Module):
         reads the fused buffers it captured, so the engine calls this before a replay
         (eager forwards check on their own)."""
         for block in self.blocks:
-            block.attn.refresh_fused()
-            block.ffn.refresh_fused()
+            block.refresh_fused()
 
     # ---- trainer: full sequences --------------------------------------------------------
 

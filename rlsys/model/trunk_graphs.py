@@ -30,6 +30,10 @@ Invariants:
   gradients are added into `.grad` tensors of the trainer's own, never taken over as them
   (`_accumulate_in_place`). A layout whose capture would leave a block parameter without
   a gradient (which that `.grad` would then turn into an optimiser step) stays eager.
+- A replay first brings the blocks' cached weight concatenations up to date
+  (`Block.refresh_fused`: the MoE's [w1; w3], which the grouped SwiGLU reads in training
+  too): the graphs read the buffers they captured, which an optimiser step since the
+  capture would otherwise leave stale.
 - A replay builds nothing on the host: the layout's eager trunk (positions, K/V plan) is
   built only to run eagerly or to capture (`TrunkBuilder`).
 """
@@ -152,6 +156,8 @@ class TrunkGraphs:
         routes = _route_inputs(routing, h.device)
         if self._captured is not None and self._captured.key == key:
             _accumulate_in_place(blocks)
+            for block in blocks:  # the graphs read the cached concatenations they captured
+                block.refresh_fused()
             outs = self._captured.graphed(h, *routes)
             self.replays += 1
             return _merge(outs, self._captured.aux_names, aux)

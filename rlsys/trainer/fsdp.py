@@ -37,6 +37,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forwar
 from torch.distributed.tensor import DTensor
 
 from rlsys.model import Transformer
+from rlsys.model.moe import MoE
 
 # the trainer's forwards: the packed trunk (the LM head runs on the root's gathered
 # parameters, which FSDP keeps unsharded from the root's forward to the end of backward)
@@ -51,6 +52,8 @@ def shard_policy(model: Transformer, mesh: DeviceMesh) -> Transformer:
             f"{type(model).__name__} (model.kind: native)"
         )
     for block in model.blocks:
+        if isinstance(block.ffn, MoE):  # a forward's gathered experts, not a kept copy
+            block.ffn.stack_cache = False
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     for name in _ENTRY_POINTS:
