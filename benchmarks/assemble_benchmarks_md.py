@@ -73,6 +73,7 @@ ORDER = [
     "gpu_pdl",
     "gpu_block_mass",
     "gpu_backward_pairs",
+    "gpu_expert_stack",
     "ci_time",
 ]
 
