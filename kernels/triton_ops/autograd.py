@@ -150,10 +150,14 @@ class GroupedSwiGLU(torch.autograd.Function):
             # w1's and w3's gradients as two contiguous products over d13's halves: slices of
             # one (E, 2H, K) product are strided, and accumulating a strided gradient into
             # `.grad` takes a generic element-wise kernel (H100: ~57 us a call at `large`)
-            g1, g3 = (grouped_mm(d.t(), xw, offsets) for d in (d13[:, :h], d13[:, h:]))
-            return gx.to(x.dtype), *_empty_experts_zero_each(empty, g1, g3), None, None, None, None
-        g13 = _empty_experts_zero(grouped_mm(d13.t(), xw, offsets), empty)
-        return gx.to(x.dtype), g13[:, :h], g13[:, h:], None, None, None, None
+            g1, g3 = (
+                _empty_experts_zero(grouped_mm(d.t(), xw, offsets), empty)
+                for d in (d13[:, :h], d13[:, h:])
+            )
+        else:
+            g13 = _empty_experts_zero(grouped_mm(d13.t(), xw, offsets), empty)
+            g1, g3 = g13[:, :h], g13[:, h:]
+        return gx.to(x.dtype), g1, g3, None, None, None, None
 
 
 class GroupedTree(torch.autograd.Function):
@@ -180,10 +184,6 @@ class GroupedTree(torch.autograd.Function):
         gh = grouped_mm(gw, w2, offsets)
         g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), empty)
         return gh.to(h.dtype), g2, None, None, None, None
-
-
-def _empty_experts_zero_each(empty: Tensor, *grads: Tensor) -> tuple[Tensor, ...]:
-    return tuple(_empty_experts_zero(g, empty) for g in grads)
 
 
 def _empty_experts_zero(grads: Tensor, empty: Tensor) -> Tensor:
