@@ -32,6 +32,13 @@ MIN_PART_ROWS = 128
 # as the halves of one (False: strided views); `RLSYS_SPLIT_EXPERT_GRADS=0`, a benchmark's
 # switch
 SPLIT_EXPERT_GRADS = os.environ.get("RLSYS_SPLIT_EXPERT_GRADS", "1") == "1"
+# The SwiGLUs' backward reads the forward's product a13 = x [w1; w3]^T, kept from the forward
+# where the forward made it whole (cuBLAS, the grouped GEMM), rather than recomputing it: one
+# GEMM fewer per SwiGLU and step (of five), for a bf16 (rows, 2H) activation kept per layer
+# (`large` at 2 x 8K: 128 MB per MoE layer, ~6 GB over 48). Under activation checkpointing
+# it is kept only while a block's recomputed forward is alive. `RLSYS_KEEP_SWIGLU_PRODUCT=0`
+# recomputes it (a memory-bound job's switch).
+KEEP_SWIGLU_PRODUCT = os.environ.get("RLSYS_KEEP_SWIGLU_PRODUCT", "1") == "1"
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -98,17 +105,20 @@ class SwiGLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, w1: Tensor, w3: Tensor) -> Tensor:
-        ctx.save_for_backward(x, w1, w3)
-        return products().swiglu(x, w1, w3)
+        out, a13 = products().swiglu_and_product(x, w1, w3)
+        ctx.save_for_backward(x, w1, w3, a13 if KEEP_SWIGLU_PRODUCT else None)
+        return out
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        x, w1, w3 = ctx.saved_tensors
+        x, w1, w3, a13 = ctx.saved_tensors
         h = w1.shape[0]
         xw, w13 = x.to(w1.dtype), torch.cat([w1, w3])
-        # one GEMM recomputes both halves, one kernel gives both gradients, one GEMM each
-        # for the input and the stacked weights
-        d13 = silu_mul_bwd(xw @ w13.t(), g.to(w1.dtype))
+        if a13 is None:  # one GEMM recomputes both halves
+            a13 = xw @ w13.t()
+        # one kernel gives both gradients, one GEMM each for the input and the stacked
+        # weights
+        d13 = silu_mul_bwd(a13, g.to(w1.dtype))
         g13 = weight_grad(d13, xw)
         return (d13 @ w13).to(x.dtype), g13[:h], g13[h:]
 
@@ -134,17 +144,20 @@ class GroupedSwiGLU(torch.autograd.Function):
     ) -> Tensor:
         """`w13`: the experts' [w1; w3] (E, 2H, K) where the caller caches it (the same
         values, so the same bits; forward and backward then concatenate nothing)."""
-        ctx.save_for_backward(x, w1, w3, offsets, empty, w13)
-        return products().grouped_swiglu(x, w1, w3, offsets, tiles, w13)
+        out, a13 = products().grouped_swiglu_and_product(x, w1, w3, offsets, tiles, w13)
+        ctx.save_for_backward(x, w1, w3, offsets, empty, w13, a13 if KEEP_SWIGLU_PRODUCT else None)
+        return out
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        x, w1, w3, offsets, empty, w13 = ctx.saved_tensors
+        x, w1, w3, offsets, empty, w13, a13 = ctx.saved_tensors
         h = w1.shape[1]
         xw = x.to(w1.dtype)
         if w13 is None:
             w13 = torch.cat([w1, w3], dim=1)  # (E, 2H, K)
-        d13 = silu_mul_bwd(grouped_mm(xw, w13.transpose(1, 2), offsets), g.to(w1.dtype))
+        if a13 is None:  # the forward's product, recomputed (`KEEP_SWIGLU_PRODUCT`)
+            a13 = grouped_mm(xw, w13.transpose(1, 2), offsets)
+        d13 = silu_mul_bwd(a13, g.to(w1.dtype))
         gx = grouped_mm(d13, w13, offsets)
         if SPLIT_EXPERT_GRADS:
             # w1's and w3's gradients as two contiguous products over d13's halves: slices of

@@ -79,9 +79,16 @@ def cublas_column(x: Tensor, w: Tensor) -> Tensor:
 
 def cublas_swiglu(x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
     """`w13`: [w1; w3] already concatenated (an inference cache), else concatenated here."""
+    return cublas_swiglu_and_product(x, w1, w3, w13)[0]
+
+
+def cublas_swiglu_and_product(
+    x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """`cublas_swiglu`'s value and the product it was made from, a13 = x [w1; w3]^T."""
     h = w1.shape[0]
     a13 = cublas_column(x, w13 if w13 is not None else torch.cat([w1, w3]))
-    return silu_mul(a13[:, :h], a13[:, h:])
+    return silu_mul(a13[:, :h], a13[:, h:]), a13
 
 
 def cublas_grouped_swiglu(
@@ -90,10 +97,17 @@ def cublas_grouped_swiglu(
     """One grouped GEMM over every expert's [w1; w3] (E, 2H, K), then SwiGLU over its halves.
     `w13`: that concatenation already made (an inference cache), else made here; the
     product is over the same values either way, so the bits are the same."""
+    return cublas_grouped_swiglu_and_product(x, w1, w3, offsets, w13)[0]
+
+
+def cublas_grouped_swiglu_and_product(
+    x: Tensor, w1: Tensor, w3: Tensor, offsets: Tensor, w13: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """`cublas_grouped_swiglu`'s value and its grouped product a13 (rows, 2H)."""
     h = w1.shape[1]
     stacked = w13 if w13 is not None else torch.cat([w1, w3], dim=1)
     a13 = grouped_mm(x.to(w1.dtype), stacked.transpose(1, 2), offsets)
-    return silu_mul(a13[:, :h], a13[:, h:])
+    return silu_mul(a13[:, :h], a13[:, h:]), a13
 
 
 _checked: dict[tuple, bool] = {}
@@ -214,6 +228,15 @@ class TritonProducts:
         no per-call concatenation); the same values, so the same bits."""
         return lin.swiglu_fwd(x, w1, w3)
 
+    def swiglu_and_product(
+        self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """`swiglu`'s value and, where this implementation makes it, the product
+        a13 = x [w1; w3]^T it came from (a backward may keep it rather than recompute it);
+        None where the product never exists whole (the Triton tree applies SwiGLU to its
+        accumulators)."""
+        return self.swiglu(x, w1, w3, w13), None
+
     def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
         return lin.linear_tree_fwd(x, w, n_chunks)
 
@@ -228,6 +251,18 @@ class TritonProducts:
     ) -> Tensor:
         """`w13`: every expert's [w1; w3] (E, 2H, K) where the caller caches it."""
         return lin.swiglu_fwd(x, w1, w3, tiles)
+
+    def grouped_swiglu_and_product(
+        self,
+        x: Tensor,
+        w1: Tensor,
+        w3: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        w13: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """`grouped_swiglu`'s value and its product a13 where it exists (`swiglu_and_product`)."""
+        return self.grouped_swiglu(x, w1, w3, offsets, tiles, w13), None
 
     def stacks_experts(self, w1: Tensor) -> bool:
         """Whether `grouped_swiglu` reads the experts' [w1; w3] concatenation (so a caller's
@@ -257,9 +292,14 @@ class InvariantProducts(TritonProducts):
         return super().column(x, w)
 
     def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
+        return self.swiglu_and_product(x, w1, w3, w13)[0]
+
+    def swiglu_and_product(
+        self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         if _holds("column", (2 * w1.shape[0], w1.shape[1]), w1.dtype, w1.device):
-            return cublas_swiglu(x, w1, w3, w13)
-        return super().swiglu(x, w1, w3)
+            return cublas_swiglu_and_product(x, w1, w3, w13)
+        return super().swiglu(x, w1, w3), None
 
     def grouped_swiglu(
         self,
@@ -270,9 +310,20 @@ class InvariantProducts(TritonProducts):
         tiles: tuple,
         w13: Tensor | None = None,
     ) -> Tensor:
+        return self.grouped_swiglu_and_product(x, w1, w3, offsets, tiles, w13)[0]
+
+    def grouped_swiglu_and_product(
+        self,
+        x: Tensor,
+        w1: Tensor,
+        w3: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        w13: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         if self.stacks_experts(w1):
-            return cublas_grouped_swiglu(x, w1, w3, offsets, w13)
-        return super().grouped_swiglu(x, w1, w3, offsets, tiles)
+            return cublas_grouped_swiglu_and_product(x, w1, w3, offsets, w13)
+        return super().grouped_swiglu(x, w1, w3, offsets, tiles), None
 
     def stacks_experts(self, w1: Tensor) -> bool:
         e, h, k = w1.shape
@@ -293,6 +344,11 @@ class PlainProducts(TritonProducts):
     def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
         return cublas_swiglu(x, w1, w3, w13)
 
+    def swiglu_and_product(
+        self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        return cublas_swiglu_and_product(x, w1, w3, w13)
+
     def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
         return F.linear(x.to(w.dtype), w).float()
 
@@ -306,6 +362,17 @@ class PlainProducts(TritonProducts):
         w13: Tensor | None = None,
     ) -> Tensor:
         return cublas_grouped_swiglu(x, w1, w3, offsets, w13)
+
+    def grouped_swiglu_and_product(
+        self,
+        x: Tensor,
+        w1: Tensor,
+        w3: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        w13: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        return cublas_grouped_swiglu_and_product(x, w1, w3, offsets, w13)
 
     def stacks_experts(self, w1: Tensor) -> bool:
         return True
