@@ -190,22 +190,38 @@ def split_table(d: int, ctx: int, batches: list[int]) -> None:
         torch.cuda.empty_cache()
 
 
-def backward_table(head_dims: list[int], caps: list[int], length: int, keys: list[int]) -> None:
+def backward_table(
+    head_dims: list[int],
+    caps: list[int],
+    length: int,
+    keys: list[int],
+    wide_launches: list[tuple[int, int]] | None = None,
+) -> None:
     """dq and dK/dV kernel time of one sequence's backward per dK/dV key chunk (`keys`, 0:
-    the forward's step; `attention_bwd.DKV_KEYS`) and register cap (launch options of the
-    trainer's kernels), with the wider chunks' largest dK/dV difference from the step's
-    (the same sums over other tile groupings: rounding only)."""
-    print(f"\n| head dim | dK/dV keys | dK/dV maxnreg | Sparse dq ms | Sparse dK/dV ms | SWA dq ms "
-          f"| SWA dK/dV ms | dK/dV regs/spills | max abs dK, dV diff vs step (Sparse; SWA) "
-          f"| ({length} tokens) |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
+    the forward's step; `attention_bwd.DKV_KEYS`), register cap and, for the wider chunks,
+    (warps, stages) (`wide_launches`; None: `DKV_WIDE_LAUNCH` as it is), with the wider
+    chunks' largest dK/dV difference from the step's (the same sums over other tile
+    groupings: rounding only)."""
+    print(f"\n| head dim | dK/dV keys | dK/dV maxnreg | warps/stages | Sparse dq ms | Sparse dK/dV ms "
+          f"| SWA dq ms | SWA dK/dV ms | dK/dV regs/spills "
+          f"| max abs dK, dV diff vs step (Sparse; SWA) | ({length} tokens) |")  # fmt: skip
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---|---|---|")
+    wide = attention_bwd.DKV_WIDE_LAUNCH
+    default_wide = (wide["num_warps"], wide["num_stages"])
     for d in head_dims:
         sparse, swa = backward_calls(length, d)
         attention_bwd.DKV_KEYS = None
         reference = [f()[1:] for f in (sparse, swa)]
-        for width, cap in itertools.product(keys, caps):
+        runs = [
+            (width, cap, ws)
+            for width, cap in itertools.product(keys, caps)
+            for ws in ([None] if not width else (wide_launches or [default_wide]))
+        ]
+        for width, cap, ws in runs:
             attention_bwd.DKV_KEYS = width or None
             launch = attention_bwd.DKV_LAUNCH if not width else attention_bwd.DKV_WIDE_LAUNCH
+            if ws is not None:
+                launch["num_warps"], launch["num_stages"] = ws
             launch.pop("maxnreg", None)
             if cap:
                 launch["maxnreg"] = cap
@@ -222,10 +238,12 @@ def backward_table(head_dims: list[int], caps: list[int], length: int, keys: lis
                 )
                 for got, want in zip((f()[1:] for f in (sparse, swa)), reference, strict=True)
             ]
-            print(f"| {d} | {width or 'step'} | {cap or '-'} | " + " | ".join(cells)
+            shown = f"{ws[0]}/{ws[1]}" if ws else "-"
+            print(f"| {d} | {width or 'step'} | {cap or '-'} | {shown} | " + " | ".join(cells)
                   + f" | {', '.join(regs)} | {diffs[0]:.2e}; {diffs[1]:.2e} | |",
                   flush=True)  # fmt: skip
         attention_bwd.DKV_KEYS = None
+        wide["num_warps"], wide["num_stages"] = default_wide
         del sparse, swa, reference
         torch.cuda.empty_cache()
 
@@ -240,6 +258,10 @@ def main() -> None:
     parser.add_argument("--backward", action="store_true", help="the trainer's backward kernels")
     parser.add_argument("--dkv-maxnreg", default="0", help="dK/dV register caps (0: none)")
     parser.add_argument("--dkv-keys", default="0,64", help="dK/dV key chunks (0: the step)")
+    parser.add_argument(
+        "--dkv-wide-launch", default="",
+        help="warps/stages,... of the wider dK/dV chunks (default: DKV_WIDE_LAUNCH)",
+    )  # fmt: skip
     parser.add_argument("--length", type=int, default=32768, help="--backward's sequence")
     parser.add_argument(
         "--tile", type=int, default=PREFILL_T, help="query slots per program (prefill)"
@@ -276,6 +298,12 @@ def main() -> None:
             [int(x) for x in args.dkv_maxnreg.split(",")],
             args.length,
             [int(x) for x in args.dkv_keys.split(",")],
+            [
+                (int(w), int(st))
+                for w, st in (item.split("/") for item in args.dkv_wide_launch.split(","))
+            ]
+            if args.dkv_wide_launch
+            else None,
         )
     elif args.split_sweep:
         caps = [int(x) for x in args.one_warp_maxnreg.split(",")] if args.one_warp_maxnreg else []

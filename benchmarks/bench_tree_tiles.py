@@ -3,7 +3,7 @@ the routed experts' `grouped_tree_fwd`) on the GPU: time, and whether each confi
 gives bitwise the default configuration's output.
 
 Usage (GPU machine): python benchmarks/bench_tree_tiles.py [--preset large] [--tokens 16384]
-    [--decode-rows 64] [--reps 20]
+    [--decode-rows 64] [--reps 20] [--configs bn/bk/warps/stages[/bm],...] [--halved off|on|both]
 
 The trees are the products the dispatcher keeps on the Triton kernels (the attention output
 and the experts' down projections: an fp32 tree of 8 K-chunk products). Shapes come from the
@@ -66,33 +66,74 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, torch.Tensor, torch.Tens
     return cases
 
 
+def _parse_configs(text: str) -> list[lin.TileConfig]:
+    """ "bn/bk/warps/stages[/bm],...": the configurations to time (the first is the reference)."""
+    out = []
+    for item in text.split(","):
+        parts = [int(v) for v in item.split("/")]
+        if len(parts) not in (4, 5):
+            raise SystemExit(f"--configs item {item!r}: want bn/bk/warps/stages[/bm]")
+        out.append(lin.TileConfig(*parts))
+    return out
+
+
+def _label(cfg: lin.TileConfig, halved: bool) -> str:
+    bm = f" bm{cfg.bm}" if cfg.bm != lin.DEFAULT_TILE.bm else ""
+    return f"bn{cfg.bn} bk{cfg.bk} w{cfg.warps} s{cfg.stages}{bm}{' halved' if halved else ''}"
+
+
+def _cublas_us(x: torch.Tensor, w: torch.Tensor, tiles: tuple | None, reps: int) -> float:
+    """The same product on cuBLAS (bf16 out, no tree): the speed the tree is measured against."""
+    if tiles is None:
+        return timed(lambda: torch.nn.functional.linear(x, w), reps) * 1000
+    from rlsys.kernels.triton_ops.products import grouped_mm
+
+    te, tr, tn = tiles
+    counts = torch.zeros(w.shape[0], dtype=torch.int64, device=x.device)
+    counts.index_add_(0, te.long(), tn.long())
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    return timed(lambda: grouped_mm(x, w.transpose(1, 2), offsets), reps) * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="large")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--decode-rows", type=int, default=64)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument(
+        "--configs", default="", help="bn/bk/warps/stages[/bm],... (default: the sweep)"
+    )
+    parser.add_argument(
+        "--halved", choices=("off", "on", "both"), default="off",
+        help="`linear.HALVED_TREES` for each configuration (both: off, then on)",
+    )  # fmt: skip
     args = parser.parse_args()
+    configs = _parse_configs(args.configs) if args.configs else CONFIGS
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.halved]
     print(f"{torch.cuda.get_device_name()} | preset {args.preset} | {N_CHUNKS}-chunk trees")
     for name, x, w, tiles in _cases(args):
-        want = _tree(x, w, tiles, CONFIGS[0])
-        print(f"\n{name}\n| config | us | vs default | bits |\n|---|---:|---:|---|")
+        lin.HALVED_TREES = False
+        want = _tree(x, w, tiles, configs[0])
+        cublas = _cublas_us(x, w, tiles, args.reps)
+        print(f"\n{name} (cuBLAS, no tree: {cublas:.1f} us)")
+        print("| config | us | vs the first | vs cuBLAS | bits |\n|---|---:|---:|---:|---|")
         base = None
-        for cfg in CONFIGS:
-            try:
-                t = timed(lambda cfg=cfg: _tree(x, w, tiles, cfg), args.reps) * 1000
-                same = torch.equal(_tree(x, w, tiles, cfg), want)
-            except Exception as err:  # a configuration the compiler rejects, said so
+        for cfg in configs:
+            for halved in modes:
+                lin.HALVED_TREES = halved
+                try:
+                    t = timed(lambda cfg=cfg: _tree(x, w, tiles, cfg), args.reps) * 1000
+                    same = torch.equal(_tree(x, w, tiles, cfg), want)
+                except Exception as err:  # a configuration the compiler rejects, said so
+                    print(f"| {_label(cfg, halved)} | failed: {type(err).__name__} | | | |")
+                    continue
+                base = base or t
                 print(
-                    f"| bn{cfg.bn} bk{cfg.bk} w{cfg.warps} s{cfg.stages} | failed: {type(err).__name__} | | |"
+                    f"| {_label(cfg, halved)} | {t:.1f} | {base / t:.2f}x | {t / cublas:.2f} "
+                    f"| {'same' if same else 'DIFFER'} |",
+                    flush=True,
                 )
-                continue
-            base = base or t
-            print(
-                f"| bn{cfg.bn} bk{cfg.bk} w{cfg.warps} s{cfg.stages} | {t:.1f} | {base / t:.2f}x "
-                f"| {'same' if same else 'DIFFER'} |",
-                flush=True,
-            )
 
 
 if __name__ == "__main__":

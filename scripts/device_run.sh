@@ -30,6 +30,13 @@
 #   stack     training's grouped SwiGLU on the cached [w1; w3] (`MoE._caches_stack`) and the
 #             experts' gradients as two products: their tests, then bench_trainer_gpu.py 2 x 8K
 #             graphed with RLSYS_CACHED_EXPERT_STACK / RLSYS_SPLIT_EXPERT_GRADS off and on
+#   keep      the SwiGLUs' backward on the forward's kept product (`KEEP_SWIGLU_PRODUCT`): its
+#             tests and test_trainer_cuda.py, then bench_trainer_gpu.py 2 x 8K graphed with
+#             RLSYS_KEEP_SWIGLU_PRODUCT=0 / 1 / 0 / 1 (KEEP_ARGS adds)
+#   halved    the fp32 trees' left half kept in their output (`linear.HALVED_TREES`): the
+#             schedule, decode-kernel and trainer tests, bench_tree_tiles.py --halved both
+#             (HALVED_CONFIGS), then bench_trainer_gpu.py 2 x 8K graphed with
+#             RLSYS_HALVED_TREES=0 / 1 / 0 / 1 (HALVED_ARGS adds)
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
 #             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
@@ -163,6 +170,35 @@ for step in "$@"; do
         RLSYS_CACHED_EXPERT_STACK=$1 RLSYS_SPLIT_EXPERT_GRADS=$2 timeout "${STACK_TIMEOUT:-150}" \
           python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
           --linear invariant ${STACK_ARGS:-} 2>&1 | tee -a "$OUT/stack.log" | grep -E "^\| [0-9]"
+      done ;;
+    keep)
+      # the SwiGLUs' backward on the forward's kept product (`autograd.KEEP_SWIGLU_PRODUCT`):
+      # its tests and the staleness-0 trainer's, then the trainer 2 x 8K graphed with it
+      # off / on / off / on (RLSYS_KEEP_SWIGLU_PRODUCT; KEEP_ARGS adds, e.g. --lengths 32768)
+      timeout "${KEEP_TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_swiglu_product_kept.py tests/trainer/test_trainer_cuda.py 2>&1 \
+        | tee "$OUT/keep_tests.log" | tail -2
+      for keep in 0 1 0 1; do
+        echo "--- RLSYS_KEEP_SWIGLU_PRODUCT=$keep"
+        RLSYS_KEEP_SWIGLU_PRODUCT=$keep timeout "${KEEP_TIMEOUT:-150}" \
+          python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
+          --linear invariant ${KEEP_ARGS:-} 2>&1 | tee -a "$OUT/keep.log" | grep -E "^\| [0-9]"
+      done ;;
+    halved)
+      # the fp32 trees with their left half kept in the output (`linear.HALVED_TREES`): the
+      # schedules', decode kernels' and staleness-0 trainer's tests, the trees' tiles with it
+      # off and on (HALVED_CONFIGS), then the trainer 2 x 8K graphed off / on / off / on
+      timeout "${HALVED_TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_linear_schedules.py tests/kernels/test_grouped_decode.py \
+        tests/trainer/test_trainer_cuda.py 2>&1 | tee "$OUT/halved_tests.log" | tail -2
+      timeout "${HALVED_TILES_TIMEOUT:-200}" python3 benchmarks/bench_tree_tiles.py --halved both \
+        --configs "${HALVED_CONFIGS:-64/64/4/3,64/64/4/4,128/64/8/3,128/64/8/4,128/64/8/3/128}" \
+        2>&1 | tee "$OUT/halved_tiles.log" | grep -E "^\||rows"
+      for halved in 0 1 0 1; do
+        echo "--- RLSYS_HALVED_TREES=$halved"
+        RLSYS_HALVED_TREES=$halved timeout "${HALVED_TIMEOUT:-150}" \
+          python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
+          --linear invariant ${HALVED_ARGS:-} 2>&1 | tee -a "$OUT/halved.log" | grep -E "^\| [0-9]"
       done ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \

@@ -25,6 +25,7 @@ Backward passes (training) use plain torch matmuls: training needs no batch inva
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,10 @@ class TileConfig:
 
 
 DEFAULT_TILE = TileConfig()
+# The serial fp32 trees keep their left half in the output while the right half is summed
+# (`_tree_halved`: the same bits, one register tile fewer); `RLSYS_HALVED_TREES=0`, a
+# benchmark's switch
+HALVED_TREES = os.environ.get("RLSYS_HALVED_TREES", "1") == "1"
 TILES: dict[tuple[int, int], TileConfig] = {}  # (N, K) -> measured best (benchmarks/)
 # fp32 weights (exact `tl.dot`, FMA rather than tensor cores): the routers of the bf16
 # presets, (n_experts, d_model). `benchmarks/bench_router_product.py` times candidates; a
@@ -181,6 +186,63 @@ def _tree(
 
 
 @triton.jit
+def _tree_halved(
+    x_ptr, w_ptr, rm, rn, m_mask, n_mask, K,
+    sx_m, sx_k, sw_n, sw_k, y_ptrs, y_mask,
+    NCH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    EVEN: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`_tree`'s sum (NCH in 2, 4, 8), bitwise, stored at `y_ptrs` (fp32) by this function:
+    the left half's subtree (chunks [0, NCH / 2)) is stored there as soon as it is complete
+    and loaded back for the root's one addition, so the loop carries one fp32 tile fewer
+    (acc, s1, s2 at NCH = 8 where `_tree` carries acc, s1, s2, s4: 32 registers a thread
+    fewer at a 64 x 64 tile on 4 warps, which spilled). The same additions in the same
+    order as `_tree`: left = ((p0 + p1) + (p2 + p3)), right = ((p4 + p5) + (p6 + p7)),
+    left + right."""
+    size = K // NCH
+    per_chunk = tl.cdiv(size, BK)
+    acc = tl.zeros([BM, BN], tl.float32)
+    s1 = tl.zeros([BM, BN], tl.float32)
+    s2 = tl.zeros([BM, BN], tl.float32)
+    for i in range(0, NCH * per_chunk):
+        c = i // per_chunk
+        acc = _step(acc, x_ptr, w_ptr, rm, rn, m_mask, n_mask, c * size, (i - c * per_chunk) * BK,
+                    size, sx_m, sx_k, sw_n, sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
+        if (i + 1) % per_chunk == 0:  # chunk c's product is acc
+            if NCH == 2:
+                if c == 0:
+                    tl.store(y_ptrs, acc, mask=y_mask)  # the left half: p0
+                else:
+                    s1 = acc  # the right half: p1
+            elif NCH == 4:
+                if c % 2 == 0:
+                    s1 = acc
+                elif c == 1:
+                    tl.store(y_ptrs, s1 + acc, mask=y_mask)  # the left half
+                else:
+                    s1 = s1 + acc  # the right half
+            else:
+                if c % 2 == 0:
+                    s1 = acc
+                elif c % 4 == 1:
+                    s2 = s1 + acc
+                elif c == 3:
+                    tl.store(y_ptrs, s2 + (s1 + acc), mask=y_mask)  # the left half
+                else:
+                    s2 = s2 + (s1 + acc)  # the right half
+            acc = tl.zeros([BM, BN], tl.float32)
+    # the left half was stored by other threads of this program (the store's and the load's
+    # layouts need not map an element to one thread): a barrier makes it visible
+    tl.debug_barrier()
+    left = tl.load(y_ptrs, mask=y_mask, other=0.0)
+    if NCH == 8:
+        total = left + s2
+    else:
+        total = left + s1
+    tl.store(y_ptrs, total, mask=y_mask)
+
+
+@triton.jit
 def _matmul(
     X, W, W3, Y, P, M, N, K, MN,
     sx_m, sx_k, sw_e, sw_n, sw_k, sy_m, sy_n,
@@ -188,9 +250,11 @@ def _matmul(
     NCH: tl.constexpr, GROUPED: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
+    HALVED: tl.constexpr = False,
 ):  # fmt: skip
     """One (BM x BN) output tile. Serial (SPLIT false): the whole NCH-chunk tree, stored in
-    Y's dtype. Split: program_id(2) = chunk c computes chunk c's fp32 product alone and
+    Y's dtype (HALVED: an fp32 Y, NCH > 1, no SWIGLU; `_tree_halved` keeps the left half
+    there). Split: program_id(2) = chunk c computes chunk c's fp32 product alone and
     stores it at P[c] (P[NCH + c] for w3's under SWIGLU); `_tree_reduce` adds them."""
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
@@ -227,6 +291,11 @@ def _matmul(
             p3 = _chunk_acc(x_tile, w3_tile, rm, rn, m_mask, n_mask, c * size, size, sx_m, sx_k, sw_n,
                             sw_k, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
             tl.store(P + (NCH + c).to(tl.int64) * MN + at, p3, mask=mask)
+    elif HALVED:
+        y_tile = Y + row0.to(tl.int64) * sy_m + (pid_n * BN).to(tl.int64) * sy_n
+        _tree_halved(x_tile, w_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
+                     y_tile + (rm[:, None] * sy_m + rn[None, :] * sy_n), mask,
+                     NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
     else:
         acc = _tree(x_tile, w_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
                     NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
@@ -347,6 +416,7 @@ def _launch(
         te, tr, tn,
         NCH=nch, GROUPED=grouped, SWIGLU=swiglu, SPLIT=split, BM=cfg.rows_per_tile(grouped),
         BN=cfg.bn, BK=bk,
+        HALVED=HALVED_TREES and nch > 1 and not swiglu and out.dtype == torch.float32,
         EVEN=(k // nch) % bk == 0,
         UPCAST=interpreting(), PRECISION=dot_precision(w.dtype),
         num_warps=cfg.warps, num_stages=cfg.stages, **pdl.launch(x.device),
