@@ -74,6 +74,7 @@ ORDER = [
     "gpu_block_mass",
     "gpu_backward_pairs",
     "gpu_expert_stack",
+    "gpu_kept_product",
     "ci_time",
 ]
 

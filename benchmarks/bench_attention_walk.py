@@ -208,6 +208,8 @@ def backward_table(
     print("|---:|---:|---:|---|---:|---:|---:|---:|---|---|---|")
     wide = attention_bwd.DKV_WIDE_LAUNCH
     default_wide = (wide["num_warps"], wide["num_stages"])
+    chunks = dict(attention_bwd.DKV_CHUNKS)
+    attention_bwd.DKV_CHUNKS.clear()  # "step" rows walk the step, as the table says
     for d in head_dims:
         sparse, swa = backward_calls(length, d)
         attention_bwd.DKV_KEYS = None
@@ -246,6 +248,7 @@ def backward_table(
         wide["num_warps"], wide["num_stages"] = default_wide
         del sparse, swa, reference
         torch.cuda.empty_cache()
+    attention_bwd.DKV_CHUNKS.update(chunks)
 
 
 def main() -> None:

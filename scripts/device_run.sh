@@ -37,6 +37,8 @@
 #             schedule, decode-kernel and trainer tests, bench_tree_tiles.py --halved both
 #             (HALVED_CONFIGS), then bench_trainer_gpu.py 2 x 8K graphed with
 #             RLSYS_HALVED_TREES=0 / 1 / 0 / 1 (HALVED_ARGS adds)
+#   dkv       the dK/dV key chunk by head dim (`attention_bwd.DKV_CHUNKS`): the backward's
+#             tests, then bench_trainer_gpu.py 2 x 8K graphed with RLSYS_DKV_CHUNKS=0 / 1 / 0 / 1
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
 #             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
@@ -185,9 +187,9 @@ for step in "$@"; do
           --linear invariant ${KEEP_ARGS:-} 2>&1 | tee -a "$OUT/keep.log" | grep -E "^\| [0-9]"
       done ;;
     halved)
-      # the fp32 trees with their left half kept in the output (`linear.HALVED_TREES`): the
-      # schedules', decode kernels' and staleness-0 trainer's tests, the trees' tiles with it
-      # off and on (HALVED_CONFIGS), then the trainer 2 x 8K graphed off / on / off / on
+      # the fp32 trees with their left half kept in the output (`linear.HALVED_TREES`, off by
+      # default): the schedules', decode kernels' and staleness-0 trainer's tests, the trees'
+      # tiles with it off and on (HALVED_CONFIGS), then the trainer 2 x 8K graphed off / on
       timeout "${HALVED_TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/kernels/test_linear_schedules.py tests/kernels/test_grouped_decode.py \
         tests/trainer/test_trainer_cuda.py 2>&1 | tee "$OUT/halved_tests.log" | tail -2
@@ -199,6 +201,18 @@ for step in "$@"; do
         RLSYS_HALVED_TREES=$halved timeout "${HALVED_TIMEOUT:-150}" \
           python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
           --linear invariant ${HALVED_ARGS:-} 2>&1 | tee -a "$OUT/halved.log" | grep -E "^\| [0-9]"
+      done ;;
+    dkv)
+      # the dK/dV key chunk by head dim (`attention_bwd.DKV_CHUNKS`): the backward's tests,
+      # then the trainer 2 x 8K graphed with RLSYS_DKV_CHUNKS off / on / off / on
+      timeout "${DKV_TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        tests/kernels/test_triton_attention.py -k "backward or dkv" 2>&1 \
+        | tee "$OUT/dkv_tests.log" | tail -2
+      for chunks in 0 1 0 1; do
+        echo "--- RLSYS_DKV_CHUNKS=$chunks"
+        RLSYS_DKV_CHUNKS=$chunks timeout "${DKV_TIMEOUT:-150}" \
+          python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
+          --linear invariant ${DKV_ARGS:-} 2>&1 | tee -a "$OUT/dkv.log" | grep -E "^\| [0-9]"
       done ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \

@@ -9,8 +9,11 @@ and the per-block attention mass that the indexer's KL loss needs.
   visit that chunk (a window range for SWA, the inverse of the union lists for Sparse GQA);
   dK and dV of a key are written by exactly one program: no atomics, so the backward is
   deterministic run to run. A chunk is the forward's key step, or `dkv_keys` keys (a
-  multiple of it: `DKV_KEYS`): a wider chunk reads each visiting tile's Q and dO rows
-  once for more keys, and its dK/dV products have M = `dkv_keys` rows (warp-group MMA
+  multiple of it: `DKV_KEYS`, else the head dim's timed default `DKV_CHUNKS`, 32 keys at
+  64, where it fits the shape; a key's sum runs over the same tiles in the same order at
+  any chunk: dK and dV were bitwise the step's where timed): a wider chunk reads each
+  visiting tile's Q and dO rows once for more keys, and its dK/dV products have M =
+  `dkv_keys` rows (warp-group MMA
   from 64), at the cost of walking the masked keys of tiles that visit only part of it.
 - `_block_mass`: per (query tile, group), the main attention's probability mass on each of
   a query's selected blocks, averaged over the group's heads, at the block's slot in the
@@ -73,6 +76,19 @@ DKV_KEYS: int | None = None
 # dim 64, 22.8 against 62.1 / 45.6 at 128; SWA the same at 32 keys, 2x slower at 64. So the
 # step stays the default; wider chunks are kept as an option for other shapes.
 DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
+# The default chunk and launch by head dim where one was timed faster than the step (with
+# `DKV_KEYS` None; a shape it does not fit walks the step). Head dim 64 (`large`), H100,
+# thirty-fifth session (`bench_attention_walk.py --backward --dkv-keys 0,32,64
+# --dkv-wide-launch ...`): 32 keys on 4 warps with 2 stages, Sparse GQA dK/dV 1.894 -> 1.563
+# ms at 8K and 13.79 -> 13.76 at 32K, SWA unchanged (its step is 32 keys), dK and dV bitwise
+# the step's (a key's sum over the visiting tiles runs in the same order). On 8 warps with
+# 1 stage (the wide launch above) the same chunk took 2.62 / 29.0 ms. `RLSYS_DKV_CHUNKS=0`
+# walks the step.
+DKV_CHUNKS: dict[int, tuple[int, dict[str, int]]] = (
+    {64: (32, {"num_warps": 4, "num_stages": 2})}
+    if os.environ.get("RLSYS_DKV_CHUNKS", "1") == "1"
+    else {}
+)
 MASS_LAUNCH: dict[str, int] = {"num_warps": 1, "num_stages": 3}
 # Sparse GQA dq and block mass over the tile's union of blocks, packed STEP // BLK a
 # visit, instead of its aligned steps (`attention_pairs`; `RLSYS_PACKED_DQ=0`: the steps)
@@ -385,15 +401,13 @@ def attention_backward(
         scale * LOG2E, scale, window, **meta, CONTIG=contiguous_rows(kv), **DQ_LAUNCH,
         **pdl.launch(q.device), PACKED=packed,
     )  # fmt: skip
-    keys = dkv_keys or DKV_KEYS or step
-    _check_dkv_keys(keys, step, kv.page_size, block, sparse is not None)
+    keys, launch = _dkv_chunk(dkv_keys or DKV_KEYS, q.shape[2], step, kv.page_size, block, sparse)
     chunks = _key_chunks(seq_lens, tiles, keys, q.device)
     inv_off, inv_tiles = (
         _invert_steps(step_off, step_ids, tiles, chunks, hkv, keys // step)
         if sparse is not None
         else (step_off, step_ids)
     )
-    launch = DKV_LAUNCH if keys == step else DKV_WIDE_LAUNCH
     _attn_bwd_dkv[(chunks["n"], hkv)](
         q, k, v, do, lse, delta, dk, dv, *_common_args(q, k, tiles, kv),
         chunks["seq"], chunks["step"], chunks["seq_len"], chunks["seq_tile0"], chunks["seq_ntiles"],
@@ -401,6 +415,22 @@ def attention_backward(
         scale * LOG2E, scale, window, **{**meta, "STEP": keys}, **launch, **pdl.launch(q.device),
     )  # fmt: skip
     return dq, dk, dv
+
+
+def _dkv_chunk(
+    asked: int | None, head_dim: int, step: int, page: int, block: int, sparse: object
+) -> tuple[int, dict[str, int]]:
+    """The dK/dV key chunk and its launch: `asked` (checked: a bad one is an error), else
+    the head dim's timed default (`DKV_CHUNKS`) where it fits the shape, else the step."""
+    if asked:
+        _check_dkv_keys(asked, step, page, block, sparse is not None)
+        return asked, (DKV_LAUNCH if asked == step else DKV_WIDE_LAUNCH)
+    keys, launch = DKV_CHUNKS.get(head_dim, (step, DKV_LAUNCH))
+    try:
+        _check_dkv_keys(keys, step, page, block, sparse is not None)
+    except ValueError:
+        return step, DKV_LAUNCH
+    return keys, (DKV_LAUNCH if keys == step else launch)
 
 
 def _check_dkv_keys(keys: int, step: int, page: int, block: int, sparse: bool) -> None:

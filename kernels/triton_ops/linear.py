@@ -62,10 +62,13 @@ class TileConfig:
 
 
 DEFAULT_TILE = TileConfig()
-# The serial fp32 trees keep their left half in the output while the right half is summed
-# (`_tree_halved`: the same bits, one register tile fewer); `RLSYS_HALVED_TREES=0`, a
-# benchmark's switch
-HALVED_TREES = os.environ.get("RLSYS_HALVED_TREES", "1") == "1"
+# The serial fp32 trees may keep their left half in the output while the right half is
+# summed (`_tree_halved`: the same bits, one register tile fewer). Off: on the H100
+# (thirty-fifth session, `bench_tree_tiles.py --halved both`) it was slower at every tile
+# (`large`'s dense tree at 16K rows 232 -> 259 us, the grouped one even) and the trainer did
+# not move (30,961 / 30,570 -> 30,855 / 30,399 tok/s). `RLSYS_HALVED_TREES=1`, a
+# benchmark's switch.
+HALVED_TREES = os.environ.get("RLSYS_HALVED_TREES", "0") == "1"
 TILES: dict[tuple[int, int], TileConfig] = {}  # (N, K) -> measured best (benchmarks/)
 # fp32 weights (exact `tl.dot`, FMA rather than tensor cores): the routers of the bf16
 # presets, (n_experts, d_model). `benchmarks/bench_router_product.py` times candidates; a

@@ -28,9 +28,7 @@ def triton_path(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("RLSYS_KERNELS", "triton")
 
 
-def _moe_grads(
-    monkeypatch: pytest.MonkeyPatch, keep: bool
-) -> tuple[list[torch.Tensor], int]:
+def _moe_grads(monkeypatch: pytest.MonkeyPatch, keep: bool) -> tuple[list[torch.Tensor], int]:
     """The routed MoE's input and parameter gradients of one backward, and how many grouped
     GEMMs that backward ran."""
     torch.manual_seed(0)

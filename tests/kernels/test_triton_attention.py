@@ -366,3 +366,23 @@ def test_contiguous_rows_give_the_page_tables_bits(
     # each address keys by the flag
     for i in [0, 2] + ([5] if kind == "sparse" else []):
         assert not torch.equal(honest[i], lying[i]), i
+
+
+def test_the_dkv_chunk_is_the_head_dims_timed_default_where_it_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`attention_bwd.DKV_CHUNKS`: 32 keys on 4 warps / 2 stages at head dim 64 (timed faster
+    than the 16-key step), the step where the default does not fit the shape or is off, and
+    an asked chunk checked as before."""
+    from rlsys.kernels.triton_ops import attention_bwd as ab
+
+    keys, launch = ab._dkv_chunk(None, 64, 16, 64, BLK, sparse=object())
+    assert (keys, launch) == (32, {"num_warps": 4, "num_stages": 2})
+    assert ab._dkv_chunk(None, 64, 16, 16, BLK, sparse=object()) == (16, ab.DKV_LAUNCH)
+    assert ab._dkv_chunk(None, 128, 16, 64, BLK, sparse=object()) == (16, ab.DKV_LAUNCH)
+    assert ab._dkv_chunk(None, 64, 32, 64, BLK, sparse=None) == (32, ab.DKV_LAUNCH)  # SWA
+    assert ab._dkv_chunk(64, 64, 16, 64, BLK, sparse=object()) == (64, ab.DKV_WIDE_LAUNCH)
+    with pytest.raises(ValueError, match="multiple of the step"):
+        ab._dkv_chunk(24, 64, 16, 64, BLK, sparse=None)
+    monkeypatch.setattr(ab, "DKV_CHUNKS", {})  # RLSYS_DKV_CHUNKS=0
+    assert ab._dkv_chunk(None, 64, 16, 64, BLK, sparse=object()) == (16, ab.DKV_LAUNCH)
