@@ -13,8 +13,8 @@ and the per-block attention mass that the indexer's KL loss needs.
   64, where it fits the shape; a key's sum runs over the same tiles in the same order at
   any chunk: dK and dV were bitwise the step's where timed): a wider chunk reads each
   visiting tile's Q and dO rows once for more keys, and its dK/dV products have M =
-  `dkv_keys` rows (warp-group MMA
-  from 64), at the cost of walking the masked keys of tiles that visit only part of it.
+  `dkv_keys` rows (warp-group MMA from 64), at the cost of walking the masked keys of
+  tiles that visit only part of it.
 - `_block_mass`: per (query tile, group), the main attention's probability mass on each of
   a query's selected blocks, averaged over the group's heads, at the block's slot in the
   query's (ascending) selection. Its product's rows are head-major (h * T + slot, not the
@@ -74,7 +74,7 @@ DKV_KEYS: int | None = None
 # at 32K (`bench_attention_walk.py --backward --dkv-keys 0,32,64`, twenty-first session):
 # Sparse GQA dK/dV 14.2 ms with the step against 29.0 / 30.3 ms with 32 / 64 keys at head
 # dim 64, 22.8 against 62.1 / 45.6 at 128; SWA the same at 32 keys, 2x slower at 64. So the
-# step stays the default; wider chunks are kept as an option for other shapes.
+# step stayed the default, until the launch below was found to be what lost (`DKV_CHUNKS`).
 DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
 # The default chunk and launch by head dim where one was timed faster than the step (with
 # `DKV_KEYS` None; a shape it does not fit walks the step). Head dim 64 (`large`), H100,
@@ -82,8 +82,8 @@ DKV_WIDE_LAUNCH: dict[str, int] = {"num_warps": 8, "num_stages": 1}
 # --dkv-wide-launch ...`): 32 keys on 4 warps with 2 stages, Sparse GQA dK/dV 1.894 -> 1.563
 # ms at 8K and 13.79 -> 13.76 at 32K, SWA unchanged (its step is 32 keys), dK and dV bitwise
 # the step's (a key's sum over the visiting tiles runs in the same order). On 8 warps with
-# 1 stage (the wide launch above) the same chunk took 2.62 / 29.0 ms. `RLSYS_DKV_CHUNKS=0`
-# walks the step.
+# 1 stage (the wide launch above) the same chunk took 2.62 ms at 8K (and 29.0 at 32K on the
+# H200, twenty-first session). `RLSYS_DKV_CHUNKS=0` walks the step.
 DKV_CHUNKS: dict[int, tuple[int, dict[str, int]]] = (
     {64: (32, {"num_warps": 4, "num_stages": 2})}
     if os.environ.get("RLSYS_DKV_CHUNKS", "1") == "1"
@@ -401,7 +401,9 @@ def attention_backward(
         scale * LOG2E, scale, window, **meta, CONTIG=contiguous_rows(kv), **DQ_LAUNCH,
         **pdl.launch(q.device), PACKED=packed,
     )  # fmt: skip
-    keys, launch = _dkv_chunk(dkv_keys or DKV_KEYS, q.shape[2], step, kv.page_size, block, sparse)
+    keys, launch = _dkv_chunk(
+        dkv_keys or DKV_KEYS, q.shape[2], step, kv.page_size, block, sparse is not None
+    )
     chunks = _key_chunks(seq_lens, tiles, keys, q.device)
     inv_off, inv_tiles = (
         _invert_steps(step_off, step_ids, tiles, chunks, hkv, keys // step)
@@ -418,16 +420,16 @@ def attention_backward(
 
 
 def _dkv_chunk(
-    asked: int | None, head_dim: int, step: int, page: int, block: int, sparse: object
+    asked: int | None, head_dim: int, step: int, page: int, block: int, sparse: bool
 ) -> tuple[int, dict[str, int]]:
     """The dK/dV key chunk and its launch: `asked` (checked: a bad one is an error), else
     the head dim's timed default (`DKV_CHUNKS`) where it fits the shape, else the step."""
     if asked:
-        _check_dkv_keys(asked, step, page, block, sparse is not None)
+        _check_dkv_keys(asked, step, page, block, sparse)
         return asked, (DKV_LAUNCH if asked == step else DKV_WIDE_LAUNCH)
     keys, launch = DKV_CHUNKS.get(head_dim, (step, DKV_LAUNCH))
     try:
-        _check_dkv_keys(keys, step, page, block, sparse is not None)
+        _check_dkv_keys(keys, step, page, block, sparse)
     except ValueError:
         return step, DKV_LAUNCH
     return keys, (DKV_LAUNCH if keys == step else launch)

@@ -376,13 +376,13 @@ def test_the_dkv_chunk_is_the_head_dims_timed_default_where_it_fits(
     an asked chunk checked as before."""
     from rlsys.kernels.triton_ops import attention_bwd as ab
 
-    keys, launch = ab._dkv_chunk(None, 64, 16, 64, BLK, sparse=object())
+    keys, launch = ab._dkv_chunk(None, 64, 16, 64, BLK, sparse=True)
     assert (keys, launch) == (32, {"num_warps": 4, "num_stages": 2})
-    assert ab._dkv_chunk(None, 64, 16, 16, BLK, sparse=object()) == (16, ab.DKV_LAUNCH)
-    assert ab._dkv_chunk(None, 128, 16, 64, BLK, sparse=object()) == (16, ab.DKV_LAUNCH)
-    assert ab._dkv_chunk(None, 64, 32, 64, BLK, sparse=None) == (32, ab.DKV_LAUNCH)  # SWA
-    assert ab._dkv_chunk(64, 64, 16, 64, BLK, sparse=object()) == (64, ab.DKV_WIDE_LAUNCH)
+    assert ab._dkv_chunk(None, 64, 16, 16, BLK, sparse=True) == (16, ab.DKV_LAUNCH)
+    assert ab._dkv_chunk(None, 128, 16, 64, BLK, sparse=True) == (16, ab.DKV_LAUNCH)
+    assert ab._dkv_chunk(None, 64, 32, 64, BLK, sparse=False) == (32, ab.DKV_LAUNCH)  # SWA
+    assert ab._dkv_chunk(64, 64, 16, 64, BLK, sparse=True) == (64, ab.DKV_WIDE_LAUNCH)
     with pytest.raises(ValueError, match="multiple of the step"):
-        ab._dkv_chunk(24, 64, 16, 64, BLK, sparse=None)
+        ab._dkv_chunk(24, 64, 16, 64, BLK, sparse=False)
     monkeypatch.setattr(ab, "DKV_CHUNKS", {})  # RLSYS_DKV_CHUNKS=0
-    assert ab._dkv_chunk(None, 64, 16, 64, BLK, sparse=object()) == (16, ab.DKV_LAUNCH)
+    assert ab._dkv_chunk(None, 64, 16, 64, BLK, sparse=True) == (16, ab.DKV_LAUNCH)
