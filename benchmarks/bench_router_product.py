@@ -98,7 +98,7 @@ def offline(n: int, k: int, rows: list[int]) -> None:
         consts = {
             "NCH": nch, "GROUPED": False, "SWIGLU": False, "SPLIT": True, "BM": cfg.bm,
             "BN": cfg.bn, "BK": bk, "EVEN": (k // nch) % bk == 0, "UPCAST": False,
-            "PRECISION": "ieee",
+            "PRECISION": "ieee", "sx_k": 1, "sw_k": 1, "sy_n": 1,  # unit strides, as launched
         }  # fmt: skip
         opts = {"num_warps": cfg.warps, "num_stages": cfg.stages}
         args = (f"{lin.__name__}:_matmul", types, consts, opts)

@@ -77,7 +77,9 @@ TILES: dict[tuple[int, int], TileConfig] = {}  # (N, K) -> measured best (benchm
 # CUDA graph, the decode path `partial_products`): 14.2 -> 4.6 us at 64 rows and 1 row
 # against the 64 x 64 tile (which wastes half its columns on 32 experts, in 8 programs),
 # bitwise the same product. Offline (sm_90) the serial schedule takes 88 registers and no
-# spill, where the 64 x 64 tile took 255 and spilled.
+# spill, where the 64 x 64 tile took 255 and spilled (compiles that kept the unit strides
+# as runtime values; as launched, the split schedule's programs take 72 and 128 registers,
+# neither spilling: thirty-fifth session. The timing stands.)
 FP32_TILES: dict[tuple[int, int], TileConfig] = {
     (32, 1024): TileConfig(bn=16, bk=64, warps=1, stages=3, bm=16),
 }
@@ -199,9 +201,9 @@ def _tree_halved(
     the left half's subtree (chunks [0, NCH / 2)) is stored there as soon as it is complete
     and loaded back for the root's one addition, so the loop carries one fp32 tile fewer
     (acc, s1, s2 at NCH = 8 where `_tree` carries acc, s1, s2, s4: 32 registers a thread
-    fewer at a 64 x 64 tile on 4 warps, which spilled). The same additions in the same
-    order as `_tree`: left = ((p0 + p1) + (p2 + p3)), right = ((p4 + p5) + (p6 + p7)),
-    left + right."""
+    fewer at a 64 x 64 tile on 4 warps, 224 as launched, no spill). The same additions in
+    the same order as `_tree`: left = ((p0 + p1) + (p2 + p3)), right = ((p4 + p5) +
+    (p6 + p7)), left + right."""
     size = K // NCH
     per_chunk = tl.cdiv(size, BK)
     acc = tl.zeros([BM, BN], tl.float32)

@@ -14,7 +14,12 @@ specialised as a launch specialises them: every pointer, and the integers the ca
 (strides that are multiples of 16 at run time), divisible by 16. Without that, Triton cannot
 prove the K/V rows' loads vectorisable and leaves them unpipelined: a different kernel. The
 `tl.constexpr` parameters a request does not name compile at their defaults, as a launch
-that omits them does (`_launch_constexprs`); one without a default is an error. The
+that omits them does (`_launch_constexprs`); one without a default is an error. An integer
+that is 1 at launch (a unit stride: the linear kernels' `sx_k`, `sw_k`, `sy_n`) is
+specialised to the constant 1 by the launch: name it among the constexprs, or the compile
+keeps a runtime stride, and loses the vectorised, pipelined loads (the tree product's
+default tile compiled so took 255 registers and spilled; as launched it takes 224, no
+spill). The
 figures are this Triton version's; a device with another version may allocate a few
 registers differently.
 """
