@@ -78,6 +78,18 @@ fi
 if [ -f .whl/ray.tar.xz ] && [ ! -d /tmp/site/ray ]; then tar -xJf .whl/ray.tar.xz -C /tmp/site; fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+# The trainer (`large`, 2 x 8K, graphed, invariant products) once per value of one switch,
+# in this call: trainer_ab ENV_VAR LOG TIMEOUT EXTRA_ARGS VALUE...
+trainer_ab() {
+  local var=$1 log=$2 limit=$3 extra=$4 value
+  shift 4
+  for value in "$@"; do
+    echo "--- $var=$value"
+    env "$var=$value" timeout "$limit" python3 benchmarks/bench_trainer_gpu.py --lengths 8192 \
+      --checkpointing off --graphs on --linear invariant $extra 2>&1 | tee -a "$OUT/$log" \
+      | grep -E "^\| [0-9]"
+  done
+}
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case "$step" in
@@ -180,12 +192,7 @@ for step in "$@"; do
       timeout "${KEEP_TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/kernels/test_swiglu_product_kept.py tests/trainer/test_trainer_cuda.py 2>&1 \
         | tee "$OUT/keep_tests.log" | tail -2
-      for keep in 0 1 0 1; do
-        echo "--- RLSYS_KEEP_SWIGLU_PRODUCT=$keep"
-        RLSYS_KEEP_SWIGLU_PRODUCT=$keep timeout "${KEEP_TIMEOUT:-150}" \
-          python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
-          --linear invariant ${KEEP_ARGS:-} 2>&1 | tee -a "$OUT/keep.log" | grep -E "^\| [0-9]"
-      done ;;
+      trainer_ab RLSYS_KEEP_SWIGLU_PRODUCT keep.log "${KEEP_TIMEOUT:-150}" "${KEEP_ARGS:-}" 0 1 0 1 ;;
     halved)
       # the fp32 trees with their left half kept in the output (`linear.HALVED_TREES`, off by
       # default): the schedules', decode kernels' and staleness-0 trainer's tests, the trees'
@@ -196,24 +203,14 @@ for step in "$@"; do
       timeout "${HALVED_TILES_TIMEOUT:-200}" python3 benchmarks/bench_tree_tiles.py --halved both \
         --configs "${HALVED_CONFIGS:-64/64/4/3,64/64/4/4,128/64/8/3,128/64/8/4,128/64/8/3/128}" \
         2>&1 | tee "$OUT/halved_tiles.log" | grep -E "^\||rows"
-      for halved in 0 1 0 1; do
-        echo "--- RLSYS_HALVED_TREES=$halved"
-        RLSYS_HALVED_TREES=$halved timeout "${HALVED_TIMEOUT:-150}" \
-          python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
-          --linear invariant ${HALVED_ARGS:-} 2>&1 | tee -a "$OUT/halved.log" | grep -E "^\| [0-9]"
-      done ;;
+      trainer_ab RLSYS_HALVED_TREES halved.log "${HALVED_TIMEOUT:-150}" "${HALVED_ARGS:-}" 0 1 0 1 ;;
     dkv)
       # the dK/dV key chunk by head dim (`attention_bwd.DKV_CHUNKS`): the backward's tests,
       # then the trainer 2 x 8K graphed with RLSYS_DKV_CHUNKS off / on / off / on
       timeout "${DKV_TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts= \
         tests/kernels/test_triton_attention.py -k "backward or dkv" 2>&1 \
         | tee "$OUT/dkv_tests.log" | tail -2
-      for chunks in 0 1 0 1; do
-        echo "--- RLSYS_DKV_CHUNKS=$chunks"
-        RLSYS_DKV_CHUNKS=$chunks timeout "${DKV_TIMEOUT:-150}" \
-          python3 benchmarks/bench_trainer_gpu.py --lengths 8192 --checkpointing off --graphs on \
-          --linear invariant ${DKV_ARGS:-} 2>&1 | tee -a "$OUT/dkv.log" | grep -E "^\| [0-9]"
-      done ;;
+      trainer_ab RLSYS_DKV_CHUNKS dkv.log "${DKV_TIMEOUT:-150}" "${DKV_ARGS:-}" 0 1 0 1 ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;

@@ -77,15 +77,12 @@ def cublas_column(x: Tensor, w: Tensor) -> Tensor:
     return y if y.shape[1] == n else y[:, :n].contiguous()
 
 
-def cublas_swiglu(x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
-    """`w13`: [w1; w3] already concatenated (an inference cache), else concatenated here."""
-    return cublas_swiglu_and_product(x, w1, w3, w13)[0]
-
-
 def cublas_swiglu_and_product(
     x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """`cublas_swiglu`'s value and the product it was made from, a13 = x [w1; w3]^T."""
+    """silu(x w1^T) * (x w3^T) on cuBLAS, and the product it was made from,
+    a13 = x [w1; w3]^T. `w13`: [w1; w3] already concatenated (an inference cache), else
+    concatenated here."""
     h = w1.shape[0]
     a13 = cublas_column(x, w13 if w13 is not None else torch.cat([w1, w3]))
     return silu_mul(a13[:, :h], a13[:, h:]), a13
@@ -226,7 +223,7 @@ class TritonProducts:
     def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
         """`w13`: [w1; w3], where the caller holds it concatenated (products over it need
         no per-call concatenation); the same values, so the same bits."""
-        return lin.swiglu_fwd(x, w1, w3)
+        return self.swiglu_and_product(x, w1, w3, w13)[0]
 
     def swiglu_and_product(
         self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
@@ -234,8 +231,8 @@ class TritonProducts:
         """`swiglu`'s value and, where this implementation makes it, the product
         a13 = x [w1; w3]^T it came from (a backward may keep it rather than recompute it);
         None where the product never exists whole (the Triton tree applies SwiGLU to its
-        accumulators)."""
-        return self.swiglu(x, w1, w3, w13), None
+        accumulators). A mode overrides this one, not `swiglu`."""
+        return lin.swiglu_fwd(x, w1, w3), None
 
     def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
         return lin.linear_tree_fwd(x, w, n_chunks)
@@ -250,7 +247,7 @@ class TritonProducts:
         w13: Tensor | None = None,
     ) -> Tensor:
         """`w13`: every expert's [w1; w3] (E, 2H, K) where the caller caches it."""
-        return lin.swiglu_fwd(x, w1, w3, tiles)
+        return self.grouped_swiglu_and_product(x, w1, w3, offsets, tiles, w13)[0]
 
     def grouped_swiglu_and_product(
         self,
@@ -261,8 +258,9 @@ class TritonProducts:
         tiles: tuple,
         w13: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """`grouped_swiglu`'s value and its product a13 where it exists (`swiglu_and_product`)."""
-        return self.grouped_swiglu(x, w1, w3, offsets, tiles, w13), None
+        """`grouped_swiglu`'s value and its product a13 where it exists (`swiglu_and_product`;
+        a mode overrides this one, not `grouped_swiglu`)."""
+        return lin.swiglu_fwd(x, w1, w3, tiles), None
 
     def stacks_experts(self, w1: Tensor) -> bool:
         """Whether `grouped_swiglu` reads the experts' [w1; w3] concatenation (so a caller's
@@ -291,26 +289,12 @@ class InvariantProducts(TritonProducts):
             return cublas_column(x, w)
         return super().column(x, w)
 
-    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
-        return self.swiglu_and_product(x, w1, w3, w13)[0]
-
     def swiglu_and_product(
         self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         if _holds("column", (2 * w1.shape[0], w1.shape[1]), w1.dtype, w1.device):
             return cublas_swiglu_and_product(x, w1, w3, w13)
-        return super().swiglu(x, w1, w3), None
-
-    def grouped_swiglu(
-        self,
-        x: Tensor,
-        w1: Tensor,
-        w3: Tensor,
-        offsets: Tensor,
-        tiles: tuple,
-        w13: Tensor | None = None,
-    ) -> Tensor:
-        return self.grouped_swiglu_and_product(x, w1, w3, offsets, tiles, w13)[0]
+        return super().swiglu_and_product(x, w1, w3)
 
     def grouped_swiglu_and_product(
         self,
@@ -323,7 +307,7 @@ class InvariantProducts(TritonProducts):
     ) -> tuple[Tensor, Tensor | None]:
         if self.stacks_experts(w1):
             return cublas_grouped_swiglu_and_product(x, w1, w3, offsets, w13)
-        return super().grouped_swiglu(x, w1, w3, offsets, tiles), None
+        return super().grouped_swiglu_and_product(x, w1, w3, offsets, tiles)
 
     def stacks_experts(self, w1: Tensor) -> bool:
         e, h, k = w1.shape
@@ -341,9 +325,6 @@ class PlainProducts(TritonProducts):
     def column(self, x: Tensor, w: Tensor) -> Tensor:
         return F.linear(x.to(w.dtype), w)
 
-    def swiglu(self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None) -> Tensor:
-        return cublas_swiglu(x, w1, w3, w13)
-
     def swiglu_and_product(
         self, x: Tensor, w1: Tensor, w3: Tensor, w13: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
@@ -351,17 +332,6 @@ class PlainProducts(TritonProducts):
 
     def row_tree(self, x: Tensor, w: Tensor, n_chunks: int) -> Tensor:
         return F.linear(x.to(w.dtype), w).float()
-
-    def grouped_swiglu(
-        self,
-        x: Tensor,
-        w1: Tensor,
-        w3: Tensor,
-        offsets: Tensor,
-        tiles: tuple,
-        w13: Tensor | None = None,
-    ) -> Tensor:
-        return cublas_grouped_swiglu(x, w1, w3, offsets, w13)
 
     def grouped_swiglu_and_product(
         self,
