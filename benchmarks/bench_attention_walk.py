@@ -265,6 +265,10 @@ def main() -> None:
         "--dkv-wide-launch", default="",
         help="warps/stages,... of the wider dK/dV chunks (default: DKV_WIDE_LAUNCH)",
     )  # fmt: skip
+    parser.add_argument(
+        "--dq-launch", default="",
+        help="warps/stages,... of dq (--backward once per launch; default: DQ_LAUNCH)",
+    )  # fmt: skip
     parser.add_argument("--length", type=int, default=32768, help="--backward's sequence")
     parser.add_argument(
         "--tile", type=int, default=PREFILL_T, help="query slots per program (prefill)"
@@ -296,18 +300,25 @@ def main() -> None:
           f"Sparse GQA step {SPARSE_STEP}")  # fmt: skip
     dims = [int(x) for x in args.head_dims.split(",")]
     if args.backward:
-        backward_table(
-            dims,
-            [int(x) for x in args.dkv_maxnreg.split(",")],
-            args.length,
-            [int(x) for x in args.dkv_keys.split(",")],
-            [
-                (int(w), int(st))
-                for w, st in (item.split("/") for item in args.dkv_wide_launch.split(","))
-            ]
-            if args.dkv_wide_launch
-            else None,
+        dq_launches = (
+            [item.split("/") for item in args.dq_launch.split(",")] if args.dq_launch else []
         )
+        for warps, stages in dq_launches or [(None, None)]:
+            if warps is not None:  # dq's launch is a launch option: the same bits
+                attention_bwd.DQ_LAUNCH.update(num_warps=int(warps), num_stages=int(stages))
+                print(f"\ndq launch: {attention_bwd.DQ_LAUNCH}")
+            backward_table(
+                dims,
+                [int(x) for x in args.dkv_maxnreg.split(",")],
+                args.length,
+                [int(x) for x in args.dkv_keys.split(",")],
+                [
+                    (int(w), int(st))
+                    for w, st in (item.split("/") for item in args.dkv_wide_launch.split(","))
+                ]
+                if args.dkv_wide_launch
+                else None,
+            )
     elif args.split_sweep:
         caps = [int(x) for x in args.one_warp_maxnreg.split(",")] if args.one_warp_maxnreg else []
         for cap in caps or [0]:

@@ -4,7 +4,6 @@ gives bitwise the default configuration's output.
 
 Usage (GPU machine): python benchmarks/bench_tree_tiles.py [--preset large] [--tokens 16384]
     [--decode-rows 64] [--reps 20] [--configs bn/bk/warps/stages[/bm],...] [--halved off|on|both]
-    [--chunk-major off|on|both]
 
 The trees are the products the dispatcher keeps on the Triton kernels (the attention output
 and the experts' down projections: an fp32 tree of 8 K-chunk products). Shapes come from the
@@ -109,31 +108,21 @@ def main() -> None:
         "--halved", choices=("off", "on", "both"), default="off",
         help="`linear.HALVED_TREES` for each configuration (both: off, then on)",
     )  # fmt: skip
-    parser.add_argument(
-        "--chunk-major", choices=("off", "on", "both"), default="off",
-        help="`linear.CHUNK_MAJOR_TREES` likewise (one accumulator per chunk)",
-    )  # fmt: skip
     args = parser.parse_args()
     configs = _parse_configs(args.configs) if args.configs else CONFIGS
     switch = {"off": [False], "on": [True], "both": [False, True]}
-    modes = [
-        (halved, major)
-        for halved in switch[args.halved]
-        for major in switch[args.chunk_major]
-        if not (halved and major)  # halving wins where both are set: one form a row
-    ]
     print(f"{torch.cuda.get_device_name()} | preset {args.preset} | {N_CHUNKS}-chunk trees")
     for name, x, w, tiles in _cases(args):
-        lin.HALVED_TREES = lin.CHUNK_MAJOR_TREES = False
+        lin.HALVED_TREES = False
         want = _tree(x, w, tiles, configs[0])
         cublas = _cublas_us(x, w, tiles, args.reps)
         print(f"\n{name} (cuBLAS, no tree: {cublas:.1f} us)")
         print("| config | us | vs the first | vs cuBLAS | bits |\n|---|---:|---:|---:|---|")
         base = None
         for cfg in configs:
-            for halved, major in modes:
-                lin.HALVED_TREES, lin.CHUNK_MAJOR_TREES = halved, major
-                label = _label(cfg, halved) + (" chunk-major" if major else "")
+            for halved in switch[args.halved]:
+                lin.HALVED_TREES = halved
+                label = _label(cfg, halved)
                 try:
                     t = timed(lambda cfg=cfg: _tree(x, w, tiles, cfg), args.reps) * 1000
                     same = torch.equal(_tree(x, w, tiles, cfg), want)

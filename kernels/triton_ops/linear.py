@@ -69,13 +69,11 @@ DEFAULT_TILE = TileConfig()
 # not move (30,961 / 30,570 -> 30,855 / 30,399 tok/s). `RLSYS_HALVED_TREES=1`, a
 # benchmark's switch.
 HALVED_TREES = os.environ.get("RLSYS_HALVED_TREES", "0") == "1"
-# The serial fp32 trees may keep one accumulator per chunk, the loop over a chunk's steps
-# (`_tree_chunk_major`: the same bits; each accumulator a pure MMA chain, so its MMAs stay
-# in flight, where `_tree`'s fold inside the loop makes every step wait for its own MMA:
-# offline sm_90, `pendings = 8` against 0). Off until timed on a GPU: it wants a narrower
-# tile (64 x 32 on 4 warps, 255 registers; 64 x 64 on 4 warps spills) and more shared
-# memory a stage. `RLSYS_CHUNK_MAJOR_TREES=1`, a benchmark's switch.
-CHUNK_MAJOR_TREES = os.environ.get("RLSYS_CHUNK_MAJOR_TREES", "0") == "1"
+# The trees' chunk-major form (one accumulator per chunk, each a pure MMA chain, the folds
+# after the loop: the same bits, MMA waits of 8 against 0 offline) was built and timed on
+# the H100 (thirty-sixth session, `bench_tree_tiles.py`): slower at every tile it fits
+# (dense 16K rows 318 -> 382 us at 32 x 64 on 4 warps, against 241 for the default tile),
+# and out of shared memory at every 64-wide tile (8 operand tiles a stage). Removed.
 TILES: dict[tuple[int, int], TileConfig] = {}  # (N, K) -> measured best (benchmarks/)
 # fp32 weights (exact `tl.dot`, FMA rather than tensor cores): the routers of the bf16
 # presets, (n_experts, d_model). `benchmarks/bench_router_product.py` times candidates; a
@@ -255,53 +253,6 @@ def _tree_halved(
 
 
 @triton.jit
-def _tree_chunk_major(
-    x_ptr, w_ptr, rm, rn, m_mask, n_mask, K,
-    sx_m, sx_k, sw_n, sw_k,
-    NCH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    EVEN: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """`_tree`'s sum (NCH in 2, 4, 8), bitwise: chunk c's product accumulates its BK steps
-    in ascending order from zero in its own accumulator (step s of every chunk in one
-    iteration), and the balanced tree ((p0 + p1) + (p2 + p3)) + ... is added after the
-    loop. No accumulator is read inside the loop, so the compiler keeps the MMAs in flight."""
-    size = K // NCH
-    a0 = tl.zeros([BM, BN], tl.float32)
-    a1 = tl.zeros([BM, BN], tl.float32)
-    a2 = tl.zeros([BM, BN], tl.float32)
-    a3 = tl.zeros([BM, BN], tl.float32)
-    a4 = tl.zeros([BM, BN], tl.float32)
-    a5 = tl.zeros([BM, BN], tl.float32)
-    a6 = tl.zeros([BM, BN], tl.float32)
-    a7 = tl.zeros([BM, BN], tl.float32)
-    for kk in range(0, size, BK):
-        a0 = _step(a0, x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, kk, size, sx_m, sx_k, sw_n,
-                   sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-        a1 = _step(a1, x_ptr, w_ptr, rm, rn, m_mask, n_mask, size, kk, size, sx_m, sx_k, sw_n,
-                   sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-        if NCH >= 4:
-            a2 = _step(a2, x_ptr, w_ptr, rm, rn, m_mask, n_mask, 2 * size, kk, size, sx_m, sx_k,
-                       sw_n, sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-            a3 = _step(a3, x_ptr, w_ptr, rm, rn, m_mask, n_mask, 3 * size, kk, size, sx_m, sx_k,
-                       sw_n, sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-        if NCH >= 8:
-            a4 = _step(a4, x_ptr, w_ptr, rm, rn, m_mask, n_mask, 4 * size, kk, size, sx_m, sx_k,
-                       sw_n, sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-            a5 = _step(a5, x_ptr, w_ptr, rm, rn, m_mask, n_mask, 5 * size, kk, size, sx_m, sx_k,
-                       sw_n, sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-            a6 = _step(a6, x_ptr, w_ptr, rm, rn, m_mask, n_mask, 6 * size, kk, size, sx_m, sx_k,
-                       sw_n, sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-            a7 = _step(a7, x_ptr, w_ptr, rm, rn, m_mask, n_mask, 7 * size, kk, size, sx_m, sx_k,
-                       sw_n, sw_k, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-    total = a0 + a1
-    if NCH >= 4:
-        total = total + (a2 + a3)
-    if NCH >= 8:
-        total = total + ((a4 + a5) + (a6 + a7))
-    return total
-
-
-@triton.jit
 def _matmul(
     X, W, W3, Y, P, M, N, K, MN,
     sx_m, sx_k, sw_e, sw_n, sw_k, sy_m, sy_n,
@@ -309,11 +260,11 @@ def _matmul(
     NCH: tl.constexpr, GROUPED: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
-    HALVED: tl.constexpr = False, CHUNK_MAJOR: tl.constexpr = False,
+    HALVED: tl.constexpr = False,
 ):  # fmt: skip
     """One (BM x BN) output tile. Serial (SPLIT false): the whole NCH-chunk tree, stored in
     Y's dtype (HALVED: an fp32 Y, NCH > 1, no SWIGLU; `_tree_halved` keeps the left half
-    there; CHUNK_MAJOR: NCH > 1, no SWIGLU, `_tree_chunk_major`). Split: program_id(2) = chunk c computes chunk c's fp32 product alone and
+    there). Split: program_id(2) = chunk c computes chunk c's fp32 product alone and
     stores it at P[c] (P[NCH + c] for w3's under SWIGLU); `_tree_reduce` adds them."""
     pdl.wait_prior(PDL)
     pdl.release_next(PDL)
@@ -356,12 +307,8 @@ def _matmul(
                      y_tile + (rm[:, None] * sy_m + rn[None, :] * sy_n), mask,
                      NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
     else:
-        if CHUNK_MAJOR:
-            acc = _tree_chunk_major(x_tile, w_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n,
-                                    sw_k, NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
-        else:
-            acc = _tree(x_tile, w_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
-                        NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
+        acc = _tree(x_tile, w_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
+                    NCH, BM, BN, BK, EVEN, UPCAST, PRECISION)  # fmt: skip
         if SWIGLU:
             # silu(x w1^T) * (x w3^T) from the fp32 accumulators, rounded once
             a3 = _tree(x_tile, w3_tile, rm, rn, m_mask, n_mask, K, sx_m, sx_k, sw_n, sw_k,
@@ -480,7 +427,6 @@ def _launch(
         NCH=nch, GROUPED=grouped, SWIGLU=swiglu, SPLIT=split, BM=cfg.rows_per_tile(grouped),
         BN=cfg.bn, BK=bk,
         HALVED=HALVED_TREES and nch > 1 and not swiglu and out.dtype == torch.float32,
-        CHUNK_MAJOR=CHUNK_MAJOR_TREES and nch > 1 and not swiglu,
         EVEN=(k // nch) % bk == 0,
         UPCAST=interpreting(), PRECISION=dot_precision(w.dtype),
         num_warps=cfg.warps, num_stages=cfg.stages, **pdl.launch(x.device),

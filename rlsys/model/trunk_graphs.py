@@ -5,12 +5,13 @@ Measured before this existed (`benchmarks/probe_block_graph.py`, H100, `large`, 
 a block's eager forward + backward spent 44-66% of its wall on the host, and one graph
 of it ran at the kernels' own time with bitwise the same output and gradients.
 
-How: `torch.cuda.make_graphed_callables` on one callable, the whole trunk (embedding out ->
-last block out, plus the auxiliary losses the blocks add), captured for one packed layout
-(the spans of a micro-batch). Its inputs are the residual rows and the routing replay's
+How: `graph_pair.capture_pair` (`torch.cuda.make_graphed_callables`'s capture, with the
+parameters' gradients accumulated by multi-tensor kernels) on one callable, the whole
+trunk (embedding out -> last block out, plus the auxiliary losses the blocks add),
+captured for one packed layout (the spans of a micro-batch). Its inputs are the residual rows and the routing replay's
 tensors, copied into the graph's static inputs on every call; the positions and the K/V
 plan of the layout are bound at capture. Autograd sees one node: its backward replays the
-backward graph and hands each block parameter its gradient, which accumulates as usual.
+backward graph and adds each block parameter's gradient into its `.grad`.
 
 Invariants:
 - Bitwise the eager trunk: the same kernels in the same order on the same inputs (the
@@ -27,9 +28,9 @@ Invariants:
   no activation checkpointing, no tensor parallelism, no selection replay; `applies` says
   so, and the caller runs the eager trunk otherwise.
 - Gradients accumulate over micro-batches as in the eager trunk: a graphed backward's
-  gradients are added into `.grad` tensors of the trainer's own, never taken over as them
-  (`_accumulate_in_place`). A layout whose capture would leave a block parameter without
-  a gradient (which that `.grad` would then turn into an optimiser step) stays eager.
+  gradients are added into (or copied into) `.grad` tensors of the trainer's own, never
+  taken over as them, by a few multi-tensor kernels (`graph_pair.accumulate_gradients`).
+  A layout whose capture would leave a block parameter without a gradient stays eager.
 - A replay first brings the blocks' cached weight concatenations up to date
   (`Block.refresh_fused`: the MoE's [w1; w3], which the grouped SwiGLU reads in training
   too): the graphs read the buffers they captured, which an optimiser step since the
@@ -48,25 +49,25 @@ from torch import Tensor, nn
 
 from rlsys.model.attention import SeqSpan
 from rlsys.model.aux import AuxLosses
+from rlsys.model.graph_pair import capture_pair
 from rlsys.model.routing import RoutedExperts, Routing, RoutingReplay
 
 BlockRunner = Callable[[Tensor, RoutingReplay | None, AuxLosses | None], Tensor]
 # builds the layout's eager trunk: (runner, the tensors it reads that a graph must keep)
 TrunkBuilder = Callable[[], tuple[BlockRunner, tuple]]
-# `torch.cuda.make_graphed_callables`'s signature, for the one call this module makes
+# `graph_pair.capture_pair`'s signature, for the one call this module makes
 Capture = Callable[..., Callable[..., tuple[Tensor, ...]]]
 
 
 def _cuda_capture(call: nn.Module, sample: tuple[Tensor, ...], warmup: int) -> Callable:
     from rlsys.kernels.triton_ops import pdl
 
-    # every block parameter must get a gradient (`allow_unused_input=False`): see `run`;
-    # with `pdl.TRUNK_GRAPHS` the Triton kernels of the forward and backward graphs are
-    # captured with programmatic dependent launch (each starts while the one before it ends)
+    # every block parameter must get a gradient (`capture_pair` refuses otherwise): see
+    # `run`; with `pdl.TRUNK_GRAPHS` the Triton kernels of the forward and backward graphs
+    # are captured with programmatic dependent launch (each starts while the one before it
+    # ends)
     with pdl.dependent_launches(pdl.TRUNK_GRAPHS):
-        return torch.cuda.make_graphed_callables(
-            call, sample, num_warmup_iters=warmup, allow_unused_input=False
-        )
+        return capture_pair(call, sample, warmup)
 
 
 class _TrunkCall(nn.Module):
@@ -155,7 +156,6 @@ class TrunkGraphs:
         key = (tuple((s.row, s.n, s.pos) for s in spans), h.shape, replay, want_aux)
         routes = _route_inputs(routing, h.device)
         if self._captured is not None and self._captured.key == key:
-            _accumulate_in_place(blocks)
             for block in blocks:  # the graphs read the cached concatenations they captured
                 block.refresh_fused()
             outs = self._captured.graphed(h, *routes)
@@ -178,8 +178,8 @@ class TrunkGraphs:
             graphed = self._capture(call, sample, self.warmup)
         except RuntimeError as exc:
             # A block parameter without a gradient here (the indexer's, when no aux loss
-            # trains it): `_accumulate_in_place` would give it a `.grad` the optimiser then
-            # steps on, where the eager trunk leaves it None. This layout stays eager.
+            # trains it): the graph's backward has no gradient to give it, where the eager
+            # trunk's leaves its `.grad` None. This layout stays eager.
             if "not have been used" not in str(exc):
                 raise
             self._eager_only.add(key)
@@ -187,35 +187,9 @@ class TrunkGraphs:
             return _eager(run, h, routing, routes, aux)[0]
         _restore(blocks, saved)
         self._captured = _Captured(key, graphed, names, layout)
-        _accumulate_in_place(blocks)
         outs = graphed(h, *routes)
         self.replays += 1
         return _merge(outs, names, aux)
-
-
-def _accumulate_in_place(blocks: nn.ModuleList) -> None:
-    """Give every block parameter without a gradient one filled with -0.0, so autograd adds
-    each graphed backward's gradient into it in place.
-
-    A graphed backward returns views of the graph's static gradient buffers, and autograd
-    takes over a returned gradient that nothing else references as the parameter's `.grad`
-    when it has none: the next replay would then overwrite that `.grad` and the sum over
-    micro-batches would be silently wrong (PyTorch issue 181723). -0.0 is the identity of
-    IEEE addition for every value, +0.0 and -0.0 included, so the first in-place add gives
-    bitwise the gradient that taking it over would have. One buffer per dtype, the
-    parameters' gradients views of it: one fill, not one per parameter."""
-    missing = [p for p in blocks.parameters() if p.requires_grad and p.grad is None]
-    by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-    for p in missing:
-        by_dtype.setdefault(p.dtype, []).append(p)
-    for dtype, params in by_dtype.items():
-        flat = torch.full(
-            (sum(p.numel() for p in params),), -0.0, dtype=dtype, device=params[0].device
-        )
-        start = 0
-        for p in params:
-            p.grad = flat[start : start + p.numel()].view_as(p)
-            start += p.numel()
 
 
 def _restore(blocks: nn.ModuleList, saved: dict[str, Tensor]) -> None:

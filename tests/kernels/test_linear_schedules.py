@@ -67,9 +67,9 @@ def test_row_parallel_tree_schedules_agree_bitwise(n_chunks: int, dtype: torch.d
 def test_the_trees_other_forms_keep_the_bits(
     n_chunks: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`_tree_halved` (the left half kept in the fp32 output) and `_tree_chunk_major` (one
-    accumulator per chunk) against `_tree` (every pending sum in registers) and the split
-    schedule, dense and grouped (a tile with no rows, one with a partial tile)."""
+    """`_tree_halved` (the left half kept in the fp32 output) against `_tree` (every pending
+    sum in registers) and the split schedule, dense and grouped (a tile with no rows, one
+    with a partial tile)."""
     x, w = _rand(70, 256, dtype=dtype), _rand(48, 256, dtype=dtype)
     e, h, d = 3, 256, 40
     w2 = _rand(e, d, h, dtype=dtype)
@@ -77,9 +77,8 @@ def test_the_trees_other_forms_keep_the_bits(
     hs = _rand(int(counts.sum()), h, dtype=dtype)
     tiles = expert_tiles(counts, 6)
     got = {}
-    for form in ("carried", "halved", "chunk_major"):
+    for form in ("carried", "halved"):
         monkeypatch.setattr(lin, "HALVED_TREES", form == "halved")
-        monkeypatch.setattr(lin, "CHUNK_MAJOR_TREES", form == "chunk_major")
         got[form] = (
             linear_tree_fwd(x, w, n_chunks, schedule="serial"),
             grouped_tree_fwd(hs, w2, tiles, n_chunks, schedule="serial"),
@@ -88,10 +87,9 @@ def test_the_trees_other_forms_keep_the_bits(
         linear_tree_fwd(x, w, n_chunks, schedule="split"),
         grouped_tree_fwd(hs, w2, tiles, n_chunks, schedule="split"),
     )
-    for form in ("halved", "chunk_major"):
-        for a, b, c in zip(got[form], got["carried"], split, strict=True):
-            assert torch.equal(a, b), form
-            assert torch.equal(a, c), form
+    for a, b, c in zip(got["halved"], got["carried"], split, strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(a, c)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

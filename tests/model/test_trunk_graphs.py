@@ -22,7 +22,7 @@ from rlsys.config.job import TrainerSection
 from rlsys.model.attention import SeqSpan
 from rlsys.model.aux import AuxLosses
 from rlsys.model.routing import RoutedExperts, RoutingRecorder, RoutingReplay
-from rlsys.model.trunk_graphs import TrunkGraphs, _accumulate_in_place
+from rlsys.model.trunk_graphs import TrunkGraphs
 from tests.trainer.helpers import engine_trajectories, make_trainer, tiny_model
 
 
@@ -94,7 +94,7 @@ SPANS_B = [SeqSpan(0, 40, 0)]
 
 
 class EagerCapture:
-    """Stands in for `make_graphed_callables` at the CUDA edge: runs the warm-up calls it
+    """Stands in for `graph_pair.capture_pair` at the CUDA edge: runs the warm-up calls it
     runs (forward and `autograd.grad`, which touch the blocks' buffers as a real capture's
     warm-ups do) and hands back the eager call, so a "replay" is the eager trunk."""
 
@@ -202,52 +202,6 @@ def test_a_layout_whose_capture_leaves_a_parameter_without_gradient_stays_eager(
     assert (capture.captures, graphs.replays) == (1, 0)  # refused once, never tried again
     for (name, a), b in zip(eager.named_buffers(), graphed.buffers(), strict=True):
         assert torch.equal(a, b), f"{name}: the refused capture's warm-ups left their mark"
-
-
-class _StaticGradient(torch.autograd.Function):
-    """What a graphed backward does with a parameter's gradient: it writes it into one
-    static buffer and returns a view of that buffer (`make_graphed_callables`)."""
-
-    @staticmethod
-    def forward(
-        ctx: object, x: torch.Tensor, w: torch.Tensor, static: torch.Tensor
-    ) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        ctx.static = static
-        return x * w
-
-    @staticmethod
-    def backward(ctx: object, g: torch.Tensor) -> tuple:
-        (x,) = ctx.saved_tensors
-        ctx.static.copy_((g * x).sum(0))  # the "replay" writes the static buffer
-        return None, ctx.static.detach(), None
-
-
-@pytest.mark.parametrize("prefill", [False, True])
-def test_gradients_sum_over_micro_batches_when_backward_returns_a_static_buffer(
-    prefill: bool,
-) -> None:
-    w = torch.nn.Parameter(torch.ones(3))
-    blocks = torch.nn.ModuleList([torch.nn.Module()])
-    blocks[0].w = w
-    static = torch.zeros(3)
-    xs = [torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[10.0, 20.0, 30.0]])]
-    for x in xs:  # two micro-batches of one step, gradients accumulating
-        if prefill:
-            _accumulate_in_place(blocks)
-        _StaticGradient.apply(x, w, static).sum().backward()
-    want = xs[0][0] + xs[1][0]
-    if prefill:
-        assert torch.equal(w.grad, want)
-    else:  # autograd took the static buffer over as .grad: the second write doubled itself
-        assert torch.equal(w.grad, 2 * xs[1][0])
-
-
-def test_the_prefilled_gradient_adds_to_exactly_the_first_one() -> None:
-    values = torch.tensor([0.0, -0.0, 1.5, -2.25, float("inf"), 3e-39])
-    summed = torch.full_like(values, -0.0) + values
-    assert torch.equal(summed, values)
-    assert torch.equal(summed.signbit(), values.signbit())  # +0.0 stays +0.0, -0.0 stays -0.0
 
 
 def test_the_models_packed_trunk_through_the_graph_path_is_the_eager_trunk(

@@ -4,9 +4,9 @@ Two trainers from the same seed, one with graphs, one without, take the same ste
 same engine trajectories, four micro-batches of one layout per step: every step's loss and
 every parameter after the steps must be equal bitwise, and the graphed trainer must really
 have replayed graphs (a layout is captured on its second sighting). Several micro-batches
-per step are the point: a graphed backward hands back its static gradient buffers, and
-autograd would take one over as a parameter's `.grad` at a step's first micro-batch, for
-the next replay to overwrite (PyTorch issue 181723; `trunk_graphs._accumulate_in_place`).
+per step are the point: a graphed backward writes its static gradient buffers, which the
+next replay overwrites, so a step's first micro-batch must copy them into `.grad` and the
+others add into it (PyTorch issue 181723; `graph_pair.accumulate_gradients`).
 """
 
 from __future__ import annotations
