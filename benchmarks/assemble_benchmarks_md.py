@@ -75,6 +75,7 @@ ORDER = [
     "gpu_backward_pairs",
     "gpu_expert_stack",
     "gpu_kept_product",
+    "gpu_grad_delivery",
     "ci_time",
 ]
 

@@ -39,6 +39,9 @@
 #             RLSYS_HALVED_TREES=0 / 1 / 0 / 1 (HALVED_ARGS adds)
 #   dkv       the dK/dV key chunk by head dim (`attention_bwd.DKV_CHUNKS`): the backward's
 #             tests, then bench_trainer_gpu.py 2 x 8K graphed with RLSYS_DKV_CHUNKS=0 / 1 / 0 / 1
+#   tcombine  the MoE's down projection and combine as one node (`autograd.TREE_COMBINE`): its
+#             tests and the trainer's GPU tests with it on, then bench_trainer_gpu.py 2 x 8K
+#             graphed with RLSYS_TREE_COMBINE=0 / 1 / 0 / 1 (TCOMBINE_ARGS adds)
 #   tprofile  benchmarks/profile_trainer_gpu.py (where a trainer step's GPU time goes)
 #   phases    benchmarks/profile_trainer_phases.py (host time and device span of each phase of a
 #             trainer step, `large` 48 blocks; PHASES_ARGS, e.g. --graphs --runtime)
@@ -211,6 +214,15 @@ for step in "$@"; do
         tests/kernels/test_triton_attention.py -k "backward or dkv" 2>&1 \
         | tee "$OUT/dkv_tests.log" | tail -2
       trainer_ab RLSYS_DKV_CHUNKS dkv.log "${DKV_TIMEOUT:-150}" "${DKV_ARGS:-}" 0 1 0 1 ;;
+    tcombine)
+      # the MoE's down projection and combine as one node (`autograd.TREE_COMBINE`, off by
+      # default): its tests (bitwise the two nodes) and the trainer's with it on, then the
+      # trainer 2 x 8K graphed off / on / off / on
+      RLSYS_TREE_COMBINE=1 timeout "${TCOMBINE_TESTS_TIMEOUT:-240}" python3 -m pytest -q \
+        -p no:cacheprovider -o addopts= tests/kernels/test_tree_combine.py \
+        tests/kernels/test_moe_bwd.py tests/trainer/test_trainer_cuda.py \
+        tests/trainer/test_trunk_graphs_cuda.py 2>&1 | tee "$OUT/tcombine_tests.log" | tail -2
+      trainer_ab RLSYS_TREE_COMBINE tcombine.log "${TCOMBINE_TIMEOUT:-150}" "${TCOMBINE_ARGS:-}" 0 1 0 1 ;;
     tprofile)
       timeout "${TPROFILE_TIMEOUT:-150}" python3 benchmarks/profile_trainer_gpu.py ${TPROFILE_ARGS:-} \
         2>&1 | tee "$OUT/tprofile.log" ;;

@@ -39,6 +39,11 @@ SPLIT_EXPERT_GRADS = os.environ.get("RLSYS_SPLIT_EXPERT_GRADS", "1") == "1"
 # it is kept only while a block's recomputed forward is alive. `RLSYS_KEEP_SWIGLU_PRODUCT=0`
 # recomputes it (a memory-bound job's switch).
 KEEP_SWIGLU_PRODUCT = os.environ.get("RLSYS_KEEP_SWIGLU_PRODUCT", "1") == "1"
+# The MoE's down projection and combine as one node (`TreeCombine`: the rows' gradient
+# written once in bf16, not in fp32 and cast; the same bits) rather than `GroupedTree` then
+# `Combine`. Off until it has run on a GPU (thirty-sixth session: tested on the CPU only, no
+# device time left); `RLSYS_TREE_COMBINE=1` turns it on.
+TREE_COMBINE = os.environ.get("RLSYS_TREE_COMBINE", "0") == "1"
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -197,6 +202,61 @@ class GroupedTree(torch.autograd.Function):
         gh = grouped_mm(gw, w2, offsets)
         g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), empty)
         return gh.to(h.dtype), g2, None, None, None, None
+
+
+class TreeCombine(torch.autograd.Function):
+    """The experts' down projection, the MoE's combine and the residual add as one node:
+    h + (shared + sum_j gates[:, j] * y[pos[:, j]]) (N, d) fp32, y (N * k, d) = the experts'
+    fp32 tree products of `hidden` (rows sorted by expert; `GroupedTree`'s forward), the
+    combine as the inference kernel computes it (`moe_route.combine_fwd`, bitwise the
+    unfused fold in slot order). `pos` (N, k): where the expert layout put each (token,
+    slot) row, a permutation of y's rows.
+
+    The backward is one combine kernel (`moe_bwd.combine_bwd`: the rows' and the gates'
+    gradients) and the tree's two grouped GEMMs. The combine's kernel writes the rows'
+    gradients in the weights' dtype: as two nodes (`GroupedTree`, then `Combine`) they
+    were written in fp32 for the tree's backward to cast, an fp32 (N * k, d) write, its read
+    and a cast kernel more per MoE layer (0.5 GB of traffic at `large`, 2 x 8K). The same
+    gradients, bitwise: one round to nearest either way."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        h: Tensor,
+        hidden: Tensor,
+        w2: Tensor,
+        offsets: Tensor,
+        tiles: tuple,
+        n_chunks: int,
+        empty: Tensor,
+        pos: Tensor,
+        gates: Tensor,
+        shared: Tensor | None,
+    ) -> Tensor:
+        from rlsys.kernels.triton_ops.moe_route import combine_fwd
+
+        y = products().grouped_tree(hidden, w2, offsets, tiles, n_chunks)
+        pos, gates = pos.contiguous(), gates.contiguous()  # read at unit stride (`Combine`)
+        ctx.save_for_backward(hidden, w2, offsets, empty, y, pos, gates)
+        ctx.has_shared = shared is not None
+        return combine_fwd(h, y, pos, gates, shared)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        from rlsys.kernels.triton_ops.moe_bwd import combine_bwd
+
+        hidden, w2, offsets, empty, y, pos, gates = ctx.saved_tensors
+        need_rows = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        gy, gg = combine_bwd(
+            g.contiguous(), y, pos, gates, need_rows, ctx.needs_input_grad[8], w2.dtype
+        )
+        gh = g2 = None
+        if ctx.needs_input_grad[1]:
+            gh = grouped_mm(gy, w2, offsets).to(hidden.dtype)
+        if ctx.needs_input_grad[2]:
+            g2 = _empty_experts_zero(grouped_mm(gy.t(), hidden.to(w2.dtype), offsets), empty)
+        shared = g if ctx.has_shared else None
+        return g, gh, g2, None, None, None, None, None, gg, shared
 
 
 def _empty_experts_zero(grads: Tensor, empty: Tensor) -> Tensor:

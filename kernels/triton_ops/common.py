@@ -47,3 +47,14 @@ def mma(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
         return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def bf16_nearest(x):
+    """fp32 -> bf16 rounded to nearest, ties to even: torch's cast, bit for bit, on the GPU
+    and under the interpreter alike (the interpreter's own cast truncates). NaN stays NaN.
+    For a kernel whose bf16 output must equal a torch cast of its fp32 value."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return tl.where(x != x, x.to(tl.bfloat16), y)

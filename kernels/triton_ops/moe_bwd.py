@@ -1,6 +1,7 @@
 """The MoE's token <-> slot movements, backward: one pass per token each.
 
-`combine_bwd`: the combine's backward, the experts' row gradients and the gates'.
+`combine_bwd`: the combine's backward, the experts' row gradients (in y's dtype, or rounded
+once to a narrower one: `autograd.TreeCombine`) and the gates'.
 
 The forward (`moe_route.combine_fwd`) is out = h + shared + sum_j gates[t, j] * y[pos[t, j]].
 Given g = d loss / d out (N, d):
@@ -30,7 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlsys.kernels.triton_ops import pdl
-from rlsys.kernels.triton_ops.common import check_device, next_pow2
+from rlsys.kernels.triton_ops.common import bf16_nearest, check_device, next_pow2
 
 ELEMENTS = 2048  # tokens x d per program (two tokens at d = 1024)
 
@@ -57,11 +58,11 @@ def _combine_bwd(
             if NEED_Y:
                 gate = tl.load(GATES + r64 * s_gates + j, mask=live, other=0.0).to(tl.float32)
                 gy = g * gate[:, None]
-                tl.store(
-                    GY + p[:, None] * s_gy + c0 + c[None, :],
-                    gy.to(GY.dtype.element_ty),
-                    mask=m,
-                )
+                if GY.dtype.element_ty == tl.bfloat16:  # torch's rounding of the fp32 product
+                    gy_out = bf16_nearest(gy)
+                else:
+                    gy_out = gy.to(GY.dtype.element_ty)
+                tl.store(GY + p[:, None] * s_gy + c0 + c[None, :], gy_out, mask=m)
             if NEED_GATES:
                 y = tl.load(Y + p[:, None] * s_y + c0 + c[None, :], mask=m, other=0.0)
                 dot = tl.sum(y.to(tl.float32) * g, axis=1)
@@ -72,16 +73,24 @@ def _combine_bwd(
 
 
 def combine_bwd(
-    g: Tensor, y_sorted: Tensor, pos: Tensor, gates: Tensor, need_y: bool, need_gates: bool
+    g: Tensor,
+    y_sorted: Tensor,
+    pos: Tensor,
+    gates: Tensor,
+    need_y: bool,
+    need_gates: bool,
+    y_grad_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """(d y_sorted (N * k, d) in y's dtype or None, d gates (N, k) in the gates' dtype or
-    None) for g (N, d); `pos` (N, k) the row of y_sorted each (token, slot) read."""
+    """(d y_sorted (N * k, d) in `y_grad_dtype` (default y's dtype) or None, d gates (N, k)
+    in the gates' dtype or None) for g (N, d); `pos` (N, k) the row of y_sorted each (token,
+    slot) read. A bf16 `y_grad_dtype` rounds each fp32 product once to nearest (ties to
+    even): bitwise torch's cast of the fp32 gradient."""
     check_device(g, y_sorted, pos, gates)
     n, k = pos.shape
     d = g.shape[1]
     assert g.stride(1) == 1 and y_sorted.stride(1) == 1
     assert pos.stride(1) == 1 and gates.stride(1) == 1
-    gy = torch.empty_like(y_sorted) if need_y else None
+    gy = torch.empty_like(y_sorted, dtype=y_grad_dtype) if need_y else None
     gg = torch.empty(n, k, dtype=gates.dtype, device=g.device) if need_gates else None
     if n and (need_y or need_gates):
         block = min(1024, next_pow2(d))

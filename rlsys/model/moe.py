@@ -147,12 +147,22 @@ class MoE(nn.Module):
     ) -> Tensor:
         """The Triton path on one rank: the combine and the residual add as the inference
         kernel computes them, reading the experts' rows where the sort put them (`Combine`:
-        bitwise `residual + moe_combine(...)`, with a batched backward)."""
-        from rlsys.kernels.triton_ops.autograd import Combine
+        bitwise `residual + moe_combine(...)`, with a batched backward), or with the
+        experts' down projection as one node (`TreeCombine`, `autograd.TREE_COMBINE`)."""
+        from rlsys.kernels.triton_ops import autograd as ag
 
-        ys, inverse = self._sorted_experts(x, idx, counts)
+        order, inverse = self._expert_order(idx)
+        x_sorted = self._sorted_rows(x, order, inverse, idx)
+        if not ag.TREE_COMBINE:  # the down projection and the combine as two nodes
+            ys = self._grouped(x_sorted, counts)
+            shared = self.shared.partial(x) if self.shared is not None else None
+            return ag.Combine.apply(residual, ys, inverse.view(idx.shape), gates, shared)
+        hidden, offsets, tiles, empty = self._grouped_hidden(x_sorted, counts)
         shared = self.shared.partial(x) if self.shared is not None else None
-        return Combine.apply(residual, ys, inverse.view(idx.shape), gates, shared)
+        return ag.TreeCombine.apply(
+            residual, hidden, self.w2, offsets, tiles, self.row_parallel.chunks, empty,
+            inverse.view(idx.shape), gates, shared,
+        )  # fmt: skip
 
     def refresh_fused(self) -> None:
         """Bring the cached [w1; w3] weights up to date (before a CUDA-graph replay)."""
@@ -277,14 +287,24 @@ class MoE(nn.Module):
     def _sorted_experts(self, x: Tensor, idx: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
         """The Triton path: (N * k, d) fp32 expert outputs in expert order (stable), and
         the inverse permutation (slot s = t * k + j of the routed rows is row `inverse[s]`)."""
-        from rlsys.kernels.triton_ops.autograd import SortedRows
+        order, inverse = self._expert_order(idx)
+        ys = self._grouped(self._sorted_rows(x, order, inverse, idx), counts)
+        return ys, inverse
 
+    def _expert_order(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """(order, inverse): the routed slots sorted by expert (stable), and where each slot
+        went (slot s = t * k + j of the routed rows is sorted row `inverse[s]`)."""
         order = stable_argsort(idx.reshape(-1), self.cfg.n_experts)
         inverse = torch.empty_like(order).scatter_(
             0, order, torch.arange(order.shape[0], device=order.device)
         )
-        ys = self._grouped(SortedRows.apply(x, order, inverse, idx.shape[1]), counts)
-        return ys, inverse
+        return order, inverse
+
+    @staticmethod
+    def _sorted_rows(x: Tensor, order: Tensor, inverse: Tensor, idx: Tensor) -> Tensor:
+        from rlsys.kernels.triton_ops.autograd import SortedRows
+
+        return SortedRows.apply(x, order, inverse, idx.shape[1])
 
     def _per_expert(self, x_sorted: Tensor, counts: list[int]) -> Tensor:
         """The reference path: every expert's SwiGLU and down projection on its sorted rows,
@@ -301,7 +321,17 @@ class MoE(nn.Module):
         return tiles.unpad(y)
 
     def _grouped(self, x_sorted: Tensor, counts: Tensor) -> Tensor:
-        from rlsys.kernels.triton_ops.autograd import GroupedSwiGLU, GroupedTree
+        from rlsys.kernels.triton_ops.autograd import GroupedTree
+
+        hidden, offsets, tiles, empty = self._grouped_hidden(x_sorted, counts)
+        chunks = self.row_parallel.chunks
+        return GroupedTree.apply(hidden, self.w2, offsets, tiles, chunks, empty)
+
+    def _grouped_hidden(
+        self, x_sorted: Tensor, counts: Tensor
+    ) -> tuple[Tensor, Tensor, tuple, Tensor]:
+        """(the experts' SwiGLU rows, offsets, tile table, empty experts) of sorted rows."""
+        from rlsys.kernels.triton_ops.autograd import GroupedSwiGLU
         from rlsys.kernels.triton_ops.expert_plan import expert_plan
         from rlsys.kernels.triton_ops.linear import BM
 
@@ -311,8 +341,7 @@ class MoE(nn.Module):
         tiles, offsets, empty = expert_plan(counts, max_tiles, BM)
         w13 = self._w13.get([self.w1, self.w3]) if self._caches_stack() else None
         hidden = GroupedSwiGLU.apply(x_sorted, self.w1, self.w3, offsets, tiles, empty, w13)
-        chunks = self.row_parallel.chunks
-        return GroupedTree.apply(hidden, self.w2, offsets, tiles, chunks, empty)
+        return hidden, offsets, tiles, empty
 
     def _caches_stack(self) -> bool:
         """Whether the grouped SwiGLU reads the cached [w1; w3] (`_w13`) rather than a
