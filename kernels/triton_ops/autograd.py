@@ -198,10 +198,18 @@ class GroupedTree(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
         h, w2, offsets, empty = ctx.saved_tensors
-        gw = g.to(w2.dtype)
-        gh = grouped_mm(gw, w2, offsets)
-        g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), empty)
-        return gh.to(h.dtype), g2, None, None, None, None
+        gh, g2 = _tree_grads(g.to(w2.dtype), h, w2, offsets, empty)
+        return gh, g2, None, None, None, None
+
+
+def _tree_grads(
+    gw: Tensor, h: Tensor, w2: Tensor, offsets: Tensor, empty: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The experts' down projection's input and weight gradients from its output's gradient
+    `gw` (rows sorted by expert) in the weights' dtype: two grouped GEMMs."""
+    gh = grouped_mm(gw, w2, offsets)
+    g2 = _empty_experts_zero(grouped_mm(gw.t(), h.to(w2.dtype), offsets), empty)
+    return gh.to(h.dtype), g2
 
 
 class TreeCombine(torch.autograd.Function):
@@ -250,11 +258,7 @@ class TreeCombine(torch.autograd.Function):
         gy, gg = combine_bwd(
             g.contiguous(), y, pos, gates, need_rows, ctx.needs_input_grad[8], w2.dtype
         )
-        gh = g2 = None
-        if ctx.needs_input_grad[1]:
-            gh = grouped_mm(gy, w2, offsets).to(hidden.dtype)
-        if ctx.needs_input_grad[2]:
-            g2 = _empty_experts_zero(grouped_mm(gy.t(), hidden.to(w2.dtype), offsets), empty)
+        gh, g2 = _tree_grads(gy, hidden, w2, offsets, empty) if need_rows else (None, None)
         shared = g if ctx.has_shared else None
         return g, gh, g2, None, None, None, None, None, gg, shared
 

@@ -137,7 +137,7 @@ class MoE(nn.Module):
         if residual is not None and use_triton(x) and self.row_parallel.degree == 1:
             return self._combined(x, idx, counts, gates, residual)
         expert_out = self._run_experts(x, idx, counts)
-        shared = self.shared.partial(x) if self.shared is not None else None
+        shared = self._shared_partial(x)
         expert_out, shared = self._reduce(expert_out, shared)
         out = kernels.moe_combine(expert_out, gates, shared)
         return out if residual is None else residual + out
@@ -153,16 +153,19 @@ class MoE(nn.Module):
 
         order, inverse = self._expert_order(idx)
         x_sorted = self._sorted_rows(x, order, inverse, idx)
+        pos = inverse.view(idx.shape)
         if not ag.TREE_COMBINE:  # the down projection and the combine as two nodes
             ys = self._grouped(x_sorted, counts)
-            shared = self.shared.partial(x) if self.shared is not None else None
-            return ag.Combine.apply(residual, ys, inverse.view(idx.shape), gates, shared)
+            return ag.Combine.apply(residual, ys, pos, gates, self._shared_partial(x))
         hidden, offsets, tiles, empty = self._grouped_hidden(x_sorted, counts)
-        shared = self.shared.partial(x) if self.shared is not None else None
         return ag.TreeCombine.apply(
-            residual, hidden, self.w2, offsets, tiles, self.row_parallel.chunks, empty,
-            inverse.view(idx.shape), gates, shared,
+            residual, hidden, self.w2, offsets, tiles, self.row_parallel.chunks, empty, pos,
+            gates, self._shared_partial(x),
         )  # fmt: skip
+
+    def _shared_partial(self, x: Tensor) -> Tensor | None:
+        """The shared expert's (partial, on a TP rank) output for `x`, or None without one."""
+        return self.shared.partial(x) if self.shared is not None else None
 
     def refresh_fused(self) -> None:
         """Bring the cached [w1; w3] weights up to date (before a CUDA-graph replay)."""
